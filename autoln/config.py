@@ -1,0 +1,369 @@
+"""Configuration: one dataclass per section, loaded from YAML with ``--set`` overrides.
+
+A config file has the sections ``data``, ``model``, ``search``, ``retrain`` and ``logging``
+(every section and key is optional; missing ones take the defaults below, which are the CPU
+defaults of ``configs/search.yaml``). One file serves both ``search.py`` and ``retrain.py``.
+
+Overrides are ``section.key=value`` strings whose value is parsed as YAML, e.g.
+``--set search.steps=200`` or ``--set model.candidates=[pre,post]``.
+
+Errors: every problem raises :class:`autoln.errors.ConfigError` naming the key
+(``model.d_model``) and, for files, the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from .errors import ConfigError
+from .placements import NORMS, PLACEMENTS
+
+TOKENIZERS = ("bytes", "chars", "words")
+GRANULARITIES = ("layer", "sublayer")
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it is tokenised and split (DESIGN §8, §4 "Data").
+
+    ``corpus``: ``"stdlib"`` (the Python standard library's source, the default), a text file,
+    or a folder in the WikiText layout (``train.txt``, ``valid.txt``, ``test.txt``).
+    ``valid_fraction``/``test_fraction``: tail shares of a single-file corpus (cut at line ends).
+    ``arch_fraction``: share of the training split's chunks that form D_alpha (the rest is D_w).
+    ``chunk_tokens``: size of those chunks, in tokens; every window lies inside one chunk.
+    ``cache_dir``: where token arrays are cached (default ``$XDG_CACHE_HOME/autoln``).
+    """
+
+    corpus: str = "stdlib"
+    tokenizer: str = "bytes"
+    valid_fraction: float = 0.05
+    test_fraction: float = 0.05
+    arch_fraction: float = 0.5
+    chunk_tokens: int = 4096
+    cache_dir: Optional[str] = None
+
+    def validate(self) -> None:
+        _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        for key in ("valid_fraction", "test_fraction", "arch_fraction"):
+            value = getattr(self, key)
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"data.{key} must be strictly between 0 and 1, got {value}")
+        if self.valid_fraction + self.test_fraction >= 0.5:
+            raise ConfigError("data.valid_fraction + data.test_fraction must be below 0.5")
+        _positive("data.chunk_tokens", self.chunk_tokens)
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only Transformer dimensions and the search space (DESIGN §2-3).
+
+    ``n_layers`` blocks of width ``d_model`` with ``n_heads`` heads and FFN width ``d_ff``;
+    ``context`` tokens per window; ``norm`` is the norm type used by every placement and the
+    final norm; ``candidates`` the placements searched; ``granularity`` one alpha vector per
+    block (``layer``) or per sublayer (``sublayer``).
+    """
+
+    n_layers: int = 6
+    d_model: int = 96
+    n_heads: int = 4
+    d_ff: int = 384
+    context: int = 128
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    candidates: list[str] = field(default_factory=lambda: ["pre", "post", "deepnorm"])
+    granularity: str = "layer"
+
+    def validate(self) -> None:
+        for key in ("n_layers", "d_model", "n_heads", "d_ff", "context"):
+            _positive(f"model.{key}", getattr(self, key))
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        _one_of("model.norm", self.norm, tuple(NORMS))
+        _one_of("model.granularity", self.granularity, GRANULARITIES)
+        if not self.candidates:
+            raise ConfigError("model.candidates must name at least one placement")
+        for name in self.candidates:
+            _one_of("model.candidates", name, tuple(PLACEMENTS))
+        if len(set(self.candidates)) != len(self.candidates):
+            raise ConfigError(f"model.candidates has duplicates: {self.candidates}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings shared by the search's weights and the retrain (AdamW).
+
+    ``steps``: optimizer steps. ``lr``: peak learning rate, reached after ``warmup_steps`` of
+    linear warm-up, then cosine decay to ``lr * min_lr_ratio``. ``grad_clip``: max global
+    gradient norm (0 disables). ``eval_every``: steps between validation evaluations, each on
+    ``eval_windows`` fixed windows of the valid split. ``device``: ``auto`` (CUDA when
+    available), ``cpu`` or ``cuda``.
+    """
+
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_windows: int = 64
+    seed: int = 0
+    device: str = "auto"
+
+    def validate(self, section: str) -> None:
+        for key in ("steps", "batch_size", "eval_every", "eval_windows"):
+            _positive(f"{section}.{key}", getattr(self, key))
+        for key in ("lr",):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{section}.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("weight_decay", "grad_clip", "warmup_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{section}.{key} must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"{section}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for b in self.betas:
+            if not 0.0 <= b < 1.0:
+                raise ConfigError(f"{section}.betas must lie in [0, 1), got {list(self.betas)}")
+        _one_of(f"{section}.device", self.device, ("auto", "cpu", "cuda"))
+
+
+@dataclass
+class SearchConfig(TrainConfig):
+    """Bilevel search settings (DESIGN §4): weight settings from :class:`TrainConfig`, plus
+    the architecture optimizer (DARTS defaults: Adam, lr 3e-4, betas (0.5, 0.999), weight
+    decay 1e-3, alphas initialised as ``arch_init_std * randn``) and the softmax temperature
+    ``tau`` of ``softmax(alpha / tau)``.
+    """
+
+    steps: int = 500
+    arch_lr: float = 3e-4
+    arch_betas: tuple[float, float] = (0.5, 0.999)
+    arch_weight_decay: float = 1e-3
+    arch_init_std: float = 1e-3
+    tau: float = 1.0
+
+    def validate(self, section: str = "search") -> None:
+        super().validate(section)
+        for key in ("arch_lr", "tau"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"search.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("arch_weight_decay", "arch_init_std"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"search.{key} must be >= 0, got {getattr(self, key)}")
+
+
+@dataclass
+class RetrainConfig(TrainConfig):
+    """Retrain settings: :class:`TrainConfig` plus ``final_eval_windows``, the number of
+    non-overlapping windows of the valid and test splits used for the final numbers
+    (``null`` = the whole split).
+    """
+
+    steps: int = 1000
+    final_eval_windows: Optional[int] = 512
+
+    def validate(self, section: str = "retrain") -> None:
+        super().validate(section)
+        if self.final_eval_windows is not None:
+            _positive("retrain.final_eval_windows", self.final_eval_windows)
+
+
+@dataclass
+class LoggingConfig:
+    """``tensorboard``: write event files in the run folder; ``progress``: show a tqdm bar;
+    ``log_every``: steps between training-loss scalars."""
+
+    tensorboard: bool = True
+    progress: bool = True
+    log_every: int = 10
+
+    def validate(self) -> None:
+        _positive("logging.log_every", self.log_every)
+
+
+@dataclass
+class Config:
+    """The resolved configuration of one run: the five sections above."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> None:
+        """Check every value's range; raises :class:`ConfigError` naming the key."""
+        self.data.validate()
+        self.model.validate()
+        self.search.validate()
+        self.retrain.validate()
+        self.logging.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (tuples become lists), suitable for YAML and JSON."""
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML text (the content of a run's ``config.yaml``)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a :class:`Config` from defaults, an optional YAML file and ``--set`` overrides.
+
+    Args:
+        path: YAML file with any of the five sections; ``None`` for the defaults.
+        overrides: strings ``section.key=value``; ``value`` is parsed as YAML.
+
+    Raises:
+        ConfigError: unreadable or non-mapping file, unknown section or key, wrong type or
+            out-of-range value; the message names the key and the file or ``--set``.
+    """
+    raw: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        where = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
+        raw = loaded
+    cfg = Config()
+    for section, values in raw.items():
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"section '{section}' in {where} must be a mapping of keys")
+        for key, value in values.items():
+            _assign(cfg, f"{section}.{key}", value, where)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set expects section.key=value, got '{item}'")
+        dotted, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        _assign(cfg, dotted.strip(), value, "--set")
+    cfg.validate()
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (e.g. a checkpoint).
+
+    Raises:
+        ConfigError: as :func:`load_config`.
+    """
+    cfg = Config()
+    for section, values in raw.items():
+        for key, value in (values or {}).items():
+            _assign(cfg, f"{section}.{key}", value, "saved config")
+    cfg.validate()
+    return cfg
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
+    parts = dotted.split(".")
+    sections = [f.name for f in dataclasses.fields(Config)]
+    if len(parts) != 2:
+        raise ConfigError(f"key '{dotted}' ({where}) must have the form section.key")
+    section, key = parts
+    if section not in sections:
+        raise ConfigError(f"unknown section '{section}' ({where}); expected one of {sections}")
+    obj = getattr(cfg, section)
+    hints = typing.get_type_hints(type(obj))
+    known = [f.name for f in dataclasses.fields(obj)]
+    if key not in known:
+        raise ConfigError(f"unknown key '{dotted}' ({where}); keys of '{section}': {', '.join(known)}")
+    setattr(obj, key, _coerce(value, hints[key], dotted, where))
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, key, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isfinite(value):
+                return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        if isinstance(value, list):
+            return [_coerce(v, args[0], key, where) for v in value]
+    elif origin is tuple:
+        if isinstance(value, (list, tuple)) and len(value) == len(args):
+            return tuple(_coerce(v, a, key, where) for v, a in zip(value, args))
+    raise ConfigError(f"'{key}' ({where}) must be {_type_name(tp)}, got {value!r}")
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        return f"a list of {_type_name(args[0])}"
+    if origin is tuple:
+        return f"a list of {len(args)} {_type_name(args[0])} values"
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)][0]
+        return f"{_type_name(inner)} or null"
+    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(tp, str(tp))
+
+
+def _positive(key: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key} must be a positive integer, got {value}")
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}")
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj

@@ -1,0 +1,334 @@
+"""Corpora, tokenisers, splits and batch sampling (DESIGN §8, §4 "Data").
+
+- Corpus: ``stdlib`` (the Python standard library's ``*.py`` sources, sorted by relative path,
+  read as bytes; needs no download), a single text file (the last ``test_fraction`` is test,
+  the ``valid_fraction`` before it valid, both cut at line ends), or a folder in the WikiText
+  layout (``train.txt``, ``valid.txt``, ``test.txt``).
+- Tokenisers: ``bytes`` (vocabulary 256), ``chars`` (the training split's characters, plus
+  ``<unk>`` if valid/test hold others), ``words`` (WikiText-style: whitespace split, ``<eos>``
+  after every line, vocabulary from the training split in first-seen order, unseen words ->
+  ``<unk>``).
+- Token arrays are cached on disk as ``.npy`` and opened as memory maps, keyed by the corpus
+  fingerprint (SHA-256 of its bytes) and the tokeniser.
+- The training split is cut into chunks; a seeded permutation gives a disjoint D_w (weights)
+  and D_alpha (alphas). Every training window lies inside one chunk, so D_w and D_alpha share
+  no window. Batches are random windows drawn by persistent seeded samplers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from .config import DataConfig
+from .errors import DataError
+from .io import write_text_atomic
+
+SPLITS = ("train", "valid", "test")
+CACHE_VERSION = 1
+EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+#: The headline metric per tokeniser: bits per byte for bytes, bits per character for
+#: characters, perplexity for words (DESIGN §8).
+HEADLINE = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity"}
+
+
+@dataclass
+class Corpus:
+    """A tokenised corpus.
+
+    Attributes:
+        name: the ``data.corpus`` value; ``tokenizer``: its tokeniser.
+        fingerprint: SHA-256 (hex) of the raw bytes of all splits, in split order.
+        vocab_size: number of token ids; ``vocab``: id -> string (None for bytes).
+        splits: ``{"train", "valid", "test"}`` -> 1-D integer arrays (memory-mapped).
+        sources: ``{"train", ...}`` -> a description of where each split came from.
+    """
+
+    name: str
+    tokenizer: str
+    fingerprint: str
+    vocab_size: int
+    vocab: Optional[list[str]]
+    splits: dict[str, np.ndarray]
+    sources: dict[str, str]
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits.items())
+        return f"{self.name} ({self.tokenizer}, vocab {self.vocab_size:,}; tokens: {sizes})"
+
+
+def stdlib_files() -> list[Path]:
+    """The default corpus' files: every ``*.py`` under the running Python's stdlib folder,
+    except ``site-packages``/``dist-packages``/``__pycache__``, sorted by relative POSIX path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if p.is_file() and not EXCLUDED_DIRS & set(p.relative_to(root).parts)]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def read_splits(cfg: DataConfig) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Raw bytes of the three splits and their source descriptions.
+
+    Raises:
+        DataError: missing, unreadable or empty file; missing split file in a WikiText folder;
+            a split left empty by the fractions.
+    """
+    if cfg.corpus == "stdlib":
+        files = stdlib_files()
+        if not files:
+            raise DataError("data.corpus=stdlib: no *.py files found in the Python standard library folder")
+        blob = b"".join(p.read_bytes() for p in files)
+        return _cut(blob, cfg, "the Python standard library"), {s: f"stdlib ({len(files)} files)" for s in SPLITS}
+    path = Path(cfg.corpus).expanduser()
+    if path.is_dir():
+        out, src = {}, {}
+        for split in SPLITS:
+            f = path / f"{split}.txt"
+            if not f.is_file():
+                raise DataError(f"data.corpus={cfg.corpus}: missing split file {f} (a WikiText-layout folder needs train.txt, valid.txt and test.txt)")
+            out[split] = _read(f)
+            src[split] = str(f)
+        return out, src
+    if not path.exists():
+        raise DataError(f"data.corpus: {cfg.corpus} does not exist (expected 'stdlib', a text file or a WikiText-layout folder)")
+    return _cut(_read(path), cfg, str(path)), {s: f"{path} ({s} part)" for s in SPLITS}
+
+
+def _read(path: Path) -> bytes:
+    try:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read corpus file {path}: {exc.strerror or exc}") from None
+    if not blob.strip():
+        raise DataError(f"corpus file {path} is empty")
+    return blob
+
+
+def _cut(blob: bytes, cfg: DataConfig, where: str) -> dict[str, bytes]:
+    """Split one text into train / valid / test at line ends near the configured fractions."""
+
+    def line_end(pos: int) -> int:  # first line boundary at or after pos
+        nl = blob.find(b"\n", max(pos - 1, 0))
+        return len(blob) if nl < 0 else nl + 1
+
+    n = len(blob)
+    a = line_end(int(n * (1 - cfg.valid_fraction - cfg.test_fraction)))
+    b = line_end(max(a, int(n * (1 - cfg.test_fraction))))
+    parts = {"train": blob[:a], "valid": blob[a:b], "test": blob[b:]}
+    for split, part in parts.items():
+        if not part:
+            raise DataError(f"{where}: the {split} split is empty after cutting at line ends "
+                            f"(data.valid_fraction={cfg.valid_fraction}, data.test_fraction={cfg.test_fraction}); "
+                            "the text needs more lines")
+    return parts
+
+
+def _decode(raw: dict[str, bytes], sources: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for split, blob in raw.items():
+        try:
+            out[split] = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{sources[split]}: not valid UTF-8 at byte {exc.start} ({exc.reason}); "
+                            "the chars and words tokenisers need UTF-8 text (data.tokenizer=bytes reads any bytes)") from None
+    return out
+
+
+def _words(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [w for line in lines for w in (*line.split(), "<eos>")]
+
+
+def tokenize(raw: dict[str, bytes], tokenizer: str, sources: dict[str, str]) -> tuple[dict[str, np.ndarray], Optional[list[str]]]:
+    """Token ids per split and the vocabulary (None for bytes).
+
+    Raises:
+        DataError: undecodable UTF-8 for ``chars``/``words`` (names the file and byte offset).
+    """
+    if tokenizer == "bytes":
+        return {s: np.frombuffer(b, dtype=np.uint8).copy() for s, b in raw.items()}, None
+    text = _decode(raw, sources)
+    seqs = {s: (list(t) if tokenizer == "chars" else _words(t)) for s, t in text.items()}
+    if tokenizer == "chars":
+        vocab = sorted(set(seqs["train"]))
+    else:
+        vocab = list(dict.fromkeys(seqs["train"]))
+    index = {tok: i for i, tok in enumerate(vocab)}
+    if any(tok not in index for s in ("valid", "test") for tok in seqs[s]) and "<unk>" not in index:
+        index["<unk>"] = len(vocab)
+        vocab.append("<unk>")
+    unk = index.get("<unk>", -1)
+    dtype = np.uint16 if len(vocab) <= 65536 else np.int32
+    ids = {s: np.fromiter((index.get(t, unk) for t in seq), dtype=np.int64, count=len(seq)).astype(dtype) for s, seq in seqs.items()}
+    return ids, vocab
+
+
+def _cache_root(cfg: DataConfig) -> Path:
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "autoln"
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """Read, tokenise (or open from the cache) and return the corpus of ``cfg``.
+
+    The cache entry is ``<cache_dir>/<key>/{train,valid,test}.npy`` plus ``meta.json``, with
+    ``key`` a hash of the corpus fingerprint, tokeniser and split fractions; arrays are
+    written atomically and opened with ``mmap_mode="r"``. An unwritable cache folder only
+    disables caching.
+
+    Raises:
+        DataError: as :func:`read_splits` and :func:`tokenize`.
+    """
+    raw, sources = read_splits(cfg)
+    h = hashlib.sha256()
+    for split in SPLITS:
+        h.update(raw[split])
+    fingerprint = h.hexdigest()
+    key = hashlib.sha256(json.dumps([CACHE_VERSION, fingerprint, cfg.tokenizer, cfg.valid_fraction, cfg.test_fraction]).encode()).hexdigest()[:24]
+    folder = _cache_root(cfg) / key
+    meta_path = folder / "meta.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+            splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
+            return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], meta["vocab"], splits, sources)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt below
+    splits, vocab = tokenize(raw, cfg.tokenizer, sources)
+    vocab_size = 256 if vocab is None else len(vocab)
+    try:
+        for split, arr in splits.items():
+            tmp = folder / f".{split}.{os.getpid()}.npy"
+            folder.mkdir(parents=True, exist_ok=True)
+            np.save(tmp, arr)
+            os.replace(tmp, folder / f"{split}.npy")
+        write_text_atomic(meta_path, json.dumps({"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint}))
+        splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
+    except OSError:
+        pass  # caching is an optimisation; the in-memory arrays serve
+    return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, vocab_size, vocab, splits, sources)
+
+
+def check_lengths(corpus: Corpus, context: int) -> None:
+    """Every split must hold at least ``context + 1`` tokens, and train ``2 * (context + 1)``.
+
+    Raises:
+        DataError: naming the split's source and the sizes.
+    """
+    for split, arr in corpus.splits.items():
+        need = (2 if split == "train" else 1) * (context + 1)
+        if len(arr) < need:
+            raise DataError(f"{corpus.sources[split]}: the {split} split has {len(arr)} tokens but needs at least "
+                            f"{need} for model.context={context}")
+
+
+def arch_split(n_tokens: int, context: int, chunk_tokens: int, arch_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut ``[0, n_tokens)`` into chunks and assign them to D_w and D_alpha by a seeded permutation.
+
+    The chunk length is ``max(context + 1, min(chunk_tokens, n_tokens // 2))``; the last
+    partial chunk is dropped. ``round(n_chunks * arch_fraction)`` chunks (at least 1, at
+    most ``n_chunks - 1``) go to D_alpha.
+
+    Returns:
+        ``(w_chunks, alpha_chunks)``: int64 arrays ``(n, 2)`` of ``[start, end)`` token ranges.
+
+    Raises:
+        DataError: fewer than two chunks fit.
+    """
+    length = max(context + 1, min(chunk_tokens, n_tokens // 2))
+    n_chunks = n_tokens // length
+    if n_chunks < 2:
+        raise DataError(f"the train split has {n_tokens} tokens: too few for two chunks of {length} (model.context + 1)")
+    starts = np.arange(n_chunks, dtype=np.int64) * length
+    chunks = np.stack([starts, starts + length], axis=1)
+    perm = np.random.default_rng(seed).permutation(n_chunks)
+    n_alpha = min(max(1, round(n_chunks * arch_fraction)), n_chunks - 1)
+    return np.sort(chunks[perm[n_alpha:]], axis=0), np.sort(chunks[perm[:n_alpha]], axis=0)
+
+
+class WindowSampler:
+    """Persistent seeded sampler of random contiguous windows inside given token ranges.
+
+    Args:
+        tokens: 1-D token array.
+        chunks: ``(n, 2)`` ``[start, end)`` ranges; a window of ``context + 1`` tokens never
+            crosses a range's end. Ranges are drawn in proportion to their number of windows.
+        context: ``T``; batch_size: ``B``; seed: seeds a ``numpy.random.Generator``.
+
+    ``sample()`` returns ``(x, y)`` int64 tensors ``(B, T)`` with ``y`` shifted by one token.
+    """
+
+    def __init__(self, tokens: np.ndarray, chunks: np.ndarray, context: int, batch_size: int, seed: int) -> None:
+        self.tokens, self.context, self.batch_size = tokens, context, batch_size
+        self.starts = chunks[:, 0].astype(np.int64)
+        counts = (chunks[:, 1] - chunks[:, 0] - context).astype(np.float64)
+        if (counts <= 0).any():
+            raise ValueError("every chunk must hold more than context tokens")
+        self.p = counts / counts.sum()
+        self.counts = counts.astype(np.int64)
+        self.rng = np.random.default_rng(seed)
+
+    def sample_starts(self) -> np.ndarray:
+        """Start positions ``(B,)`` of the next batch's windows."""
+        c = self.rng.choice(len(self.starts), size=self.batch_size, p=self.p)
+        return self.starts[c] + (self.rng.random(self.batch_size) * self.counts[c]).astype(np.int64)
+
+    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch ``(x, y)``, each ``(B, T)`` int64."""
+        return windows(self.tokens, self.sample_starts(), self.context)
+
+    def state_dict(self) -> dict:
+        """The generator state, for checkpoints."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+        self.rng.bit_generator.state = state["rng"]
+
+
+def windows(tokens: np.ndarray, starts: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` int64 tensors ``(len(starts), context)``: ``x = tokens[s:s+T]``, ``y = tokens[s+1:s+T+1]``."""
+    idx = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(context + 1)
+    block = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    return block[:, :-1], block[:, 1:]
+
+
+def eval_starts(n_tokens: int, context: int, n_windows: Optional[int]) -> np.ndarray:
+    """Starts of non-overlapping evaluation windows, evenly spaced over a split.
+
+    ``n_windows=None`` (or more than fit) takes every non-overlapping window in order.
+    """
+    total = (n_tokens - 1) // context
+    if n_windows is None or n_windows >= total:
+        return np.arange(total, dtype=np.int64) * context
+    return np.linspace(0, total - 1, n_windows).round().astype(np.int64) * context
+
+
+def eval_batches(tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches ``(x, y)`` ``(<=B, T)`` over the given window starts, in order."""
+    for i in range(0, len(starts), batch_size):
+        yield windows(tokens, starts[i:i + batch_size], context)
+
+
+def metrics_from_loss(loss_nats: float, tokenizer: str) -> dict[str, float]:
+    """Report a mean cross-entropy (nats per token) in the units of DESIGN §8.
+
+    Returns ``loss`` (nats/token), ``perplexity`` (``exp(loss)``), and ``bits_per_byte``
+    (bytes) or ``bits_per_char`` (chars), both ``loss / ln 2``.
+    """
+    out = {"loss": loss_nats, "perplexity": math.exp(min(loss_nats, 700.0))}
+    if tokenizer in ("bytes", "chars"):
+        out[HEADLINE[tokenizer]] = loss_nats / math.log(2)
+    return out

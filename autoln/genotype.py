@@ -1,0 +1,231 @@
+"""The genotype: the chosen placement per site, as one self-describing JSON file (DESIGN §6).
+
+Fields: ``format`` ("autoln.genotype"), ``version`` (1), ``candidates`` (ordered candidate
+names of the search), ``granularity`` ("layer" | "sublayer"), ``placements`` (one entry per
+block: a name, or ``{"attn": name, "ffn": name}``), ``probabilities`` (the final softmax
+weights, same nesting as ``placements``, each a list ordered as ``candidates``), ``model``
+(``n_layers, d_model, n_heads, d_ff, context, vocab_size, norm``) and ``provenance``
+(resolved config, seed, data fingerprint, package versions, metrics, creation time).
+
+Named baselines (published hand-designed genotypes): ``all-pre``, ``all-post``,
+``all-deepnorm`` and ``mix-ln`` (Li, Yin, Liu 2024: the first ``round(0.25 N)`` blocks
+Post-LN, the rest Pre-LN; halves round up).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from .config import GRANULARITIES, ModelConfig
+from .errors import GenotypeError
+from .io import write_json_atomic
+from .placements import NORMS, PLACEMENTS
+
+FORMAT = "autoln.genotype"
+VERSION = 1
+MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "context", "vocab_size", "norm")
+FIELDS = ("format", "version", "candidates", "granularity", "placements", "probabilities", "model", "provenance")
+BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln")
+SUM_TOL = 1e-4
+
+Entry = Union[str, dict]
+
+
+@dataclass
+class Genotype:
+    """A validated genotype; build with :meth:`from_dict`, :meth:`load`, :func:`from_supernet`
+    or :func:`baseline`. ``placements``/``probabilities`` follow the JSON nesting above."""
+
+    candidates: list[str]
+    granularity: str
+    placements: list[Entry]
+    probabilities: list[Any]
+    model: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def block_placements(self) -> list[tuple[str, str]]:
+        """Per block ``(attention placement, FFN placement)``; length ``model["n_layers"]``."""
+        return [(p, p) if isinstance(p, str) else (p["attn"], p["ffn"]) for p in self.placements]
+
+    def model_config(self, base: ModelConfig | None = None) -> ModelConfig:
+        """A :class:`ModelConfig` with this genotype's dimensions; other fields (dropout) from
+        ``base``. Raises ConfigError if the dimensions are inconsistent."""
+        from dataclasses import replace
+
+        dims = {k: self.model[k] for k in MODEL_KEYS if k != "vocab_size"}
+        cfg = replace(base or ModelConfig(), **dims, candidates=list(self.candidates), granularity=self.granularity)
+        cfg.validate()
+        return cfg
+
+    def describe(self) -> str:
+        """Compact one-line form, e.g. ``post post pre pre`` or ``post/pre pre/pre``."""
+        return " ".join(p if isinstance(p, str) else f"{p['attn']}/{p['ffn']}" for p in self.placements)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of DESIGN §6."""
+        return {
+            "format": FORMAT, "version": VERSION, "candidates": list(self.candidates),
+            "granularity": self.granularity, "placements": self.placements,
+            "probabilities": self.probabilities, "model": dict(self.model), "provenance": self.provenance,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the genotype JSON atomically. Returns the path."""
+        return write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Genotype":
+        """Read and validate a genotype file.
+
+        Raises:
+            GenotypeError: unreadable file, invalid JSON, or any check of :meth:`from_dict`
+                failing; the message names the file and the field.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GenotypeError(f"cannot read genotype file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GenotypeError(f"genotype file {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(obj, source=str(path))
+
+    @classmethod
+    def from_dict(cls, obj: Any, source: str = "genotype") -> "Genotype":
+        """Validate a genotype object (DESIGN §6) and build a :class:`Genotype`.
+
+        Rejects, naming the field: a non-object, missing or unknown fields, wrong format or
+        version, unknown or duplicate candidates, a bad granularity, model dimensions that are
+        not positive integers (or a width not divisible by the heads, or an unknown norm), a
+        placement count different from ``model.n_layers``, a placement that is not one of
+        ``candidates``, probabilities of the wrong shape, negative, non-finite or not summing
+        to 1 (tolerance 1e-4) per site.
+
+        Raises:
+            GenotypeError: the first failed check, as ``<source>: field '<name>': <problem>``.
+        """
+
+        def fail(name: str, problem: str) -> GenotypeError:
+            return GenotypeError(f"{source}: field '{name}': {problem}")
+
+        if not isinstance(obj, dict):
+            raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
+        for name in FIELDS:
+            if name not in obj:
+                raise fail(name, "missing")
+        for name in obj:
+            if name not in FIELDS:
+                raise fail(name, f"unknown field; expected only {list(FIELDS)}")
+        if obj["format"] != FORMAT:
+            raise fail("format", f"expected {FORMAT!r}, got {obj['format']!r}")
+        if type(obj["version"]) is not int or obj["version"] != VERSION:
+            raise fail("version", f"expected {VERSION}, got {obj['version']!r}")
+        cands = obj["candidates"]
+        if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
+            raise fail("candidates", "expected a non-empty list of placement names")
+        for c in cands:
+            if c not in PLACEMENTS:
+                raise fail("candidates", f"unknown candidate {c!r}; known: {sorted(PLACEMENTS)}")
+        if len(set(cands)) != len(cands):
+            raise fail("candidates", f"duplicate names in {cands}")
+        gran = obj["granularity"]
+        if gran not in GRANULARITIES:
+            raise fail("granularity", f"expected one of {list(GRANULARITIES)}, got {gran!r}")
+        model = obj["model"]
+        if not isinstance(model, dict):
+            raise fail("model", "expected an object")
+        for key in MODEL_KEYS:
+            if key not in model:
+                raise fail(f"model.{key}", "missing")
+        for key in model:
+            if key not in MODEL_KEYS:
+                raise fail(f"model.{key}", f"unknown field; expected {list(MODEL_KEYS)}")
+        for key in MODEL_KEYS[:-1]:
+            if type(model[key]) is not int or model[key] <= 0:
+                raise fail(f"model.{key}", f"expected a positive integer, got {model[key]!r}")
+        if model["d_model"] % model["n_heads"]:
+            raise fail("model.d_model", f"{model['d_model']} is not divisible by model.n_heads={model['n_heads']}")
+        if model["norm"] not in NORMS:
+            raise fail("model.norm", f"expected one of {sorted(NORMS)}, got {model['norm']!r}")
+        placements, probs = obj["placements"], obj["probabilities"]
+        for name, value in (("placements", placements), ("probabilities", probs)):
+            if not isinstance(value, list):
+                raise fail(name, "expected a list with one entry per block")
+            if len(value) != model["n_layers"]:
+                raise fail(name, f"has {len(value)} entries but model.n_layers is {model['n_layers']}")
+        for i, (entry, prob) in enumerate(zip(placements, probs)):
+            if gran == "layer":
+                sites = [(f"placements[{i}]", entry, f"probabilities[{i}]", prob)]
+            else:
+                for name, value in ((f"placements[{i}]", entry), (f"probabilities[{i}]", prob)):
+                    if not isinstance(value, dict) or set(value) != {"attn", "ffn"}:
+                        raise fail(name, "expected an object with exactly the keys 'attn' and 'ffn' (granularity 'sublayer')")
+                sites = [(f"placements[{i}].{s}", entry[s], f"probabilities[{i}].{s}", prob[s]) for s in ("attn", "ffn")]
+            for pname, name, qname, p in sites:
+                if not isinstance(name, str) or name not in cands:
+                    raise fail(pname, f"expected one of the candidates {cands}, got {name!r}")
+                if not isinstance(p, list) or len(p) != len(cands):
+                    raise fail(qname, f"expected a list of {len(cands)} probabilities (one per candidate)")
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p):
+                    raise fail(qname, "expected numbers")
+                if not all(math.isfinite(v) and v >= 0 for v in p):
+                    raise fail(qname, f"probabilities must be finite and non-negative, got {p}")
+                if abs(sum(p) - 1.0) > SUM_TOL:
+                    raise fail(qname, f"probabilities sum to {sum(p):.6f}, expected 1")
+        if not isinstance(obj["provenance"], dict):
+            raise fail("provenance", "expected an object")
+        return cls(list(cands), gran, placements, probs, dict(model), obj["provenance"])
+
+
+def model_dims(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
+    """The genotype's ``model`` field for a model config and vocabulary size."""
+    return {"n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.d_ff,
+            "context": cfg.context, "vocab_size": vocab_size, "norm": cfg.norm}
+
+
+def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, provenance: dict | None = None) -> Genotype:
+    """Derive the genotype by argmax per site (DARTS §2.4).
+
+    Args:
+        probs: ``(n_sites, K)`` mixing probabilities, rows as :func:`autoln.supernet.site_names`.
+        cfg: the search's model config (candidates, granularity, dimensions).
+        vocab_size: vocabulary size of the data.
+        provenance: stored as is.
+    """
+    cands = list(cfg.candidates)
+    rows = [[float(v) for v in row / row.sum()] for row in np.asarray(probs, dtype=np.float64)]
+    names = [cands[int(np.argmax(r))] for r in rows]
+    if cfg.granularity == "layer":
+        placements: list[Entry] = names
+        nested: list[Any] = rows
+    else:
+        placements = [{"attn": names[2 * i], "ffn": names[2 * i + 1]} for i in range(cfg.n_layers)]
+        nested = [{"attn": rows[2 * i], "ffn": rows[2 * i + 1]} for i in range(cfg.n_layers)]
+    return Genotype(cands, cfg.granularity, placements, nested, model_dims(cfg, vocab_size), provenance or {})
+
+
+def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
+    """A named published genotype at ``cfg``'s size: ``all-pre``, ``all-post``, ``all-deepnorm``
+    or ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024).
+
+    Raises:
+        GenotypeError: unknown name.
+    """
+    n = cfg.n_layers
+    if name.startswith("all-") and name in BASELINES:
+        names = [name[4:]] * n
+    elif name == "mix-ln":
+        n_post = math.floor(0.25 * n + 0.5)
+        names = ["post"] * n_post + ["pre"] * (n - n_post)
+    else:
+        raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
+    cands = sorted(set(names), key=list(PLACEMENTS).index)
+    probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
+    return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})

@@ -1,0 +1,54 @@
+"""Atomic file output: a reader sees the old file or the complete new one, never half of one.
+
+Each writer writes a temporary file in the destination folder, flushes it to disk, then
+``os.replace``s it over the destination (atomic on POSIX and Windows for one filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; creates parent folders. Returns the path.
+
+    Raises:
+        OSError: the folder is not writable (the old file, if any, is left intact).
+    """
+    return _atomic(path, lambda fh: fh.write(text.encode("utf-8")), "wb")
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON (no NaN/inf allowed) atomically. Returns the path.
+
+    Raises:
+        ValueError: ``obj`` holds NaN or inf; OSError: as :func:`write_text_atomic`.
+    """
+    return write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def save_torch_atomic(obj: Any, path: str | Path) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically (checkpoints). Returns the path."""
+    return _atomic(path, lambda fh: torch.save(obj, fh), "wb")

@@ -1,0 +1,232 @@
+"""The Transformer language model, shared by the supernet and the derived model (DESIGN §2-3).
+
+In dependency order: the two sublayer branches (:class:`CausalSelfAttention`,
+:class:`FFN`, no norm inside), a :class:`Site` that wraps one branch with one or more
+placements, a :class:`Block` (attention site, then FFN site), and :class:`TransformerLM`
+(embeddings, blocks, final norm, tied LM head). The supernet (:mod:`autoln.supernet`) is a
+``TransformerLM`` whose sites hold every candidate; the derived model is one whose sites hold
+exactly one, so its ``state_dict`` keys are a subset of the supernet's.
+
+Shapes: token ids ``(B, T)`` int64 with ``T <= context``; hidden states ``(B, T, d_model)``;
+logits ``(B, T, vocab_size)``; losses are mean cross-entropy in nats per token.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .placements import NORMS, build_placement
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention via ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Separate query, key, value and output projections (no bias), so that DeepNorm's init gain
+    can land on the value and output projections only. Input and output ``(B, T, d_model)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def residual_path_weights(self) -> list[nn.Parameter]:
+        """The matrices DeepNorm's init gain ``b`` scales: value and output projections."""
+        return [self.v_proj.weight, self.o_proj.weight]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.n_heads
+
+        def heads(proj: nn.Linear) -> torch.Tensor:
+            return proj(x).view(b, t, h, d // h).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(
+            heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
+            dropout_p=self.dropout if self.training else 0.0, is_causal=True,
+        )
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class FFN(nn.Module):
+    """Position-wise feed-forward branch ``fc2(GELU(fc1(x)))`` (no bias), ``(B, T, d_model)`` in and out."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def residual_path_weights(self) -> list[nn.Parameter]:
+        """The matrices DeepNorm's init gain ``b`` scales: both FFN projections."""
+        return [self.fc1.weight, self.fc2.weight]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+class Site(nn.Module):
+    """One sublayer site: a branch wrapped by one or several candidate placements (DESIGN §3).
+
+    With one candidate it is the derived model's sublayer. With several it is the supernet's
+    mixed sublayer ``sum_k w_k * y_k(x)``: candidates that feed the branch the same input
+    share one call of it, and the distinct inputs (``x`` for Post-LN and DeepNorm, ``LN(x)``
+    for Pre-LN) go through the branch in a single call on a batch stacked along dim 0, so a
+    site with pre/post/deepnorm costs two branch evaluations, not three.
+
+    Args:
+        candidates: placement names, in the order of the mixing weights.
+        d_model, n_layers, norm: passed to each placement.
+    """
+
+    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str) -> None:
+        super().__init__()
+        self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm) for n in candidates})
+
+    def forward(self, x: torch.Tensor, branch: nn.Module, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Args: ``x`` ``(B, T, d_model)``; ``branch`` the shared sublayer; ``weights`` ``(K,)``
+        mixing weights over the candidates (required when there are several, else ignored).
+        Returns ``(B, T, d_model)``."""
+        placements = list(self.placements.values())
+        if len(placements) == 1:
+            return placements[0](x, branch)
+        if weights is None:
+            raise ValueError("a site with several candidates needs mixing weights")
+        raw = any(p.raw_input for p in placements)
+        inputs = ([x] if raw else []) + [p.branch_input(x) for p in placements if not p.raw_input]
+        outputs = branch(torch.cat(inputs, dim=0)).chunk(len(inputs), dim=0) if len(inputs) > 1 else [branch(inputs[0])]
+        out, own = 0.0, iter(outputs[1:] if raw else outputs)
+        for k, p in enumerate(placements):
+            fx = outputs[0] if p.raw_input else next(own)
+            out = out + weights[k] * p.output(x, fx)
+        return out
+
+
+class Block(nn.Module):
+    """A Transformer block: attention site, then FFN site. ``(B, T, d_model)`` in and out.
+
+    Args:
+        cfg: model dimensions.
+        attn_candidates, ffn_candidates: placement names of the two sites.
+    """
+
+    def __init__(self, cfg: ModelConfig, attn_candidates: Sequence[str], ffn_candidates: Sequence[str]) -> None:
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg)
+        self.ffn = FFN(cfg)
+        self.attn_site = Site(attn_candidates, cfg.d_model, cfg.n_layers, cfg.norm)
+        self.ffn_site = Site(ffn_candidates, cfg.d_model, cfg.n_layers, cfg.norm)
+
+    def forward(self, x: torch.Tensor, mix: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``mix``: ``(2, K)`` mixing weights of the attention and FFN sites, or None (derived)."""
+        x = self.attn_site(x, self.attn, None if mix is None else mix[0])
+        return self.ffn_site(x, self.ffn, None if mix is None else mix[1])
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only language model: token + learned position embeddings, ``n_layers`` blocks,
+    a final norm (DESIGN §2: every model ends with one), and an LM head tied to the token
+    embedding.
+
+    Initialisation: embeddings ``N(0, 0.02)``; every linear ``xavier_normal_`` (gain 1); then,
+    at each site with a single placement, the branch's residual-path weights (attention value
+    and output, FFN fc1 and fc2) are multiplied by that placement's ``init_gain()`` — DeepNorm's
+    ``b`` (Wang et al. 2022; Transformer-Clinic's ``xavier_normal_(gain=b)``), 1 otherwise.
+    Supernet sites (several candidates) keep gain 1: their branch is shared (DESIGN §3).
+
+    Args:
+        cfg: model dimensions (``cfg.candidates``/``granularity`` are not read here).
+        vocab_size: number of token ids.
+        sites: per block, ``(attention candidates, FFN candidates)``; length ``cfg.n_layers``.
+
+    Raises:
+        ValueError: ``len(sites) != cfg.n_layers``.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, sites: Sequence[tuple[Sequence[str], Sequence[str]]]) -> None:
+        super().__init__()
+        if len(sites) != cfg.n_layers:
+            raise ValueError(f"got {len(sites)} block specs for n_layers={cfg.n_layers}")
+        self.cfg, self.vocab_size = cfg, vocab_size
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, a, f) for a, f in sites)
+        self.norm_f = NORMS[cfg.norm](cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        with torch.no_grad():
+            nn.init.normal_(self.tok_emb.weight, std=0.02)
+            nn.init.normal_(self.pos_emb.weight, std=0.02)
+            for module in self.blocks.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.xavier_normal_(module.weight)
+            for block in self.blocks:
+                for branch, site in ((block.attn, block.attn_site), (block.ffn, block.ffn_site)):
+                    if len(site.placements) == 1:
+                        gain = next(iter(site.placements.values())).init_gain()
+                        for weight in branch.residual_path_weights():
+                            weight.mul_(gain)
+
+    def hidden_states(self, idx: torch.Tensor, mix: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
+        """Residual stream after the embedding and after each block: ``n_layers + 1`` tensors
+        of shape ``(B, T, d_model)`` (before the final norm). ``mix``: ``(n_layers, 2, K)``."""
+        t = idx.shape[1]
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds model.context={self.cfg.context}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        states = [x]
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if mix is None else mix[i])
+            states.append(x)
+        return states
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, mix: Optional[torch.Tensor] = None):
+        """Args: ``idx`` ``(B, T)`` token ids; ``targets`` ``(B, T)`` next-token ids or None;
+        ``mix`` ``(n_layers, 2, K)`` supernet mixing weights or None.
+
+        Returns ``(logits (B, T, V), loss)`` with ``loss`` the mean cross-entropy in nats per
+        token (None without targets)."""
+        x = self.hidden_states(idx, mix)[-1]
+        logits = self.lm_head(self.norm_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+
+def build_derived(cfg: ModelConfig, vocab_size: int, placements: Sequence[tuple[str, str]]) -> TransformerLM:
+    """The derived (discrete) model of a genotype.
+
+    Args:
+        cfg: model dimensions; ``cfg.n_layers`` must equal ``len(placements)``.
+        vocab_size: number of token ids.
+        placements: per block ``(attention placement, FFN placement)``, e.g. from
+            :meth:`autoln.genotype.Genotype.block_placements`.
+
+    Raises:
+        ValueError: wrong number of blocks.
+    """
+    return TransformerLM(cfg, vocab_size, [([a], [f]) for a, f in placements])
+
+
+def weight_param_groups(params: Sequence[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: decay on matrices and embeddings (``dim >= 2``), none on norm
+    gains and biases (as nanoGPT). ``params``: ``(name, parameter)`` pairs."""
+    decay = [p for _, p in params if p.dim() >= 2]
+    no_decay = [p for _, p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

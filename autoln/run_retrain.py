@@ -1,0 +1,151 @@
+"""The retrain job: build the derived model of a genotype and train it from scratch (DESIGN §1.4).
+
+The derived model trains on the whole training split (D_w and D_alpha together), with AdamW,
+warm-up + cosine decay and gradient clipping; it is evaluated on the valid split every
+``retrain.eval_every`` steps, and on valid and test at the end (``retrain.final_eval_windows``
+windows each). Outputs: ``metrics.json``, ``checkpoint.pt``, ``config.yaml``, TensorBoard events.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import Config
+from .data import HEADLINE, WindowSampler, check_lengths, eval_starts, load_corpus, metrics_from_loss
+from .errors import GenotypeError
+from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
+from .io import save_torch_atomic, write_json_atomic, write_text_atomic
+from .model import build_derived
+from .run_search import DivergenceError, genotype_markdown
+from .supernet import site_names
+from .tb import Logger
+from .training import (clip_and_norm, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
+                       utc_now, weight_optimizer)
+
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class RetrainResult:
+    """What a retrain returns: the final valid and test metrics, the metrics file, wall time (s)."""
+
+    valid: dict
+    test: dict
+    path: Path
+    wall_time_s: float
+
+
+def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
+    """A genotype from a file path or a baseline name (:data:`autoln.genotype.BASELINES`, built
+    at ``cfg.model``'s size).
+
+    Raises:
+        GenotypeError: unreadable/invalid file, unknown name, or a ``model.vocab_size`` that
+            differs from the data's vocabulary.
+    """
+    if spec in BASELINES:
+        return baseline(spec, cfg.model, vocab_size)
+    if not Path(spec).exists():
+        raise GenotypeError(f"--genotype {spec}: no such file, and not a baseline name (expected one of {list(BASELINES)})")
+    genotype = Genotype.load(spec)
+    if genotype.model["vocab_size"] != vocab_size:
+        raise GenotypeError(f"{spec}: field 'model.vocab_size' is {genotype.model['vocab_size']} but the data "
+                            f"({cfg.data.corpus}, tokenizer {cfg.data.tokenizer}) has {vocab_size} tokens; "
+                            "retrain on the data and tokenizer the genotype was searched with")
+    return genotype
+
+
+def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool = False) -> RetrainResult:
+    """Retrain the derived model of ``genotype_spec`` (file or baseline name) under ``out``.
+
+    The model's dimensions come from the genotype (a note is printed for each ``model.*`` key of
+    the config that differs); optimisation from ``cfg.retrain``. Same seed -> same initial
+    weights (before DeepNorm's gain) and same batches for every genotype.
+
+    Raises:
+        OutputError, DataError, GenotypeError, DivergenceError.
+    """
+    started = time.perf_counter()
+    rc = cfg.retrain
+    out = prepare_out_dir(out, overwrite)
+    device = resolve_device(rc.device)
+    corpus = load_corpus(cfg.data)
+    genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
+    mc = genotype.model_config(cfg.model)
+    for key in (k for k in MODEL_KEYS if k != "vocab_size"):
+        if getattr(cfg.model, key) != getattr(mc, key):
+            print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
+    check_lengths(corpus, mc.context)
+    seed_everything(rc.seed)
+    train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
+    sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
+    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
+
+    model = build_derived(mc, corpus.vocab_size, genotype.block_placements()).to(device)
+    opt, sched = weight_optimizer(list(model.named_parameters()), rc)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    write_text_atomic(out / "config.yaml", cfg.to_yaml())
+    log = Logger(out, cfg.logging.tensorboard)
+    log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
+    sites = site_names(mc.n_layers, genotype.granularity)
+    probs = np.array([row for entry in genotype.probabilities for row in ([entry] if isinstance(entry, list) else [entry["attn"], entry["ffn"]])])
+    log.alphas(probs, sites, genotype.candidates, 0)
+    log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
+    headline = HEADLINE[cfg.data.tokenizer]
+    print(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
+          f"  model: {n_params:,} parameters, device {device}", file=sys.stderr)
+
+    history, valid_metrics = [], {}
+    bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not cfg.logging.progress, dynamic_ncols=True)
+    for step in bar:
+        x, y = sampler.sample()
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(x.to(device), y.to(device))
+        loss.backward()
+        grad_norm = clip_and_norm(model.parameters(), rc.grad_clip)
+        opt.step()
+        sched.step()
+        loss_v = loss.item()
+        if not math.isfinite(loss_v):
+            raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v} (try a lower retrain.lr or more retrain.warmup_steps)")
+        if step % cfg.logging.log_every == 0:
+            log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
+            log.scalar("lr/weights", sched.get_last_lr()[0], step)
+        if step % rc.eval_every == 0 or step == rc.steps:
+            valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
+            log.scalars(valid_metrics, step, "valid")
+            history.append({"step": step, **valid_metrics})
+            log.flush()
+        bar.set_postfix_str(f"loss {loss_v:.3f} valid {valid_metrics.get(headline, float('nan')):.3f}")
+    bar.close()
+
+    final = {}
+    for split, tokens in (("valid", valid), ("test", test)):
+        starts = eval_starts(len(tokens), mc.context, rc.final_eval_windows)
+        final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
+        final[split]["windows"] = int(len(starts))
+        log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
+    wall = time.perf_counter() - started
+    save_torch_atomic({"kind": "retrain", "step": rc.steps, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
+                       "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                       "sampler": sampler.state_dict()}, out / "checkpoint.pt")
+    metrics = {
+        "genotype": genotype_spec, "placements": genotype.describe(), "headline": headline,
+        "valid": final["valid"], "test": final["test"], "steps": rc.steps, "seed": rc.seed,
+        "parameters": n_params, "tokens_seen": rc.steps * rc.batch_size * mc.context,
+        "wall_time_s": round(wall, 2), "history": history, "created": utc_now(),
+        "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint},
+        "packages": environment(), "genotype_file": genotype.to_dict(),
+    }
+    path = write_json_atomic(out / METRICS_FILE, metrics)
+    log.text("final", f"valid {headline} {final['valid'].get(headline):.4f}, test {final['test'].get(headline):.4f}")
+    log.close()
+    return RetrainResult(final["valid"], final["test"], path, wall)

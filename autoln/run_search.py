@@ -1,0 +1,139 @@
+"""The search job: train the supernet bilevel (DESIGN §4) and export the genotype (DESIGN §6).
+
+Each step takes one alpha step on a D_alpha batch (:class:`autoln.architect.Architect`), then
+one weight step on a D_w batch (DARTS Alg. 1 order). Every ``search.eval_every`` steps and at
+the end: valid loss of the supernet, the alpha probabilities (scalars + image), the current
+genotype (text), and a checkpoint. At the end ``genotype.json`` is written atomically.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .architect import Architect, weight_step
+from .config import Config
+from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
+from .errors import AutolnError
+from .genotype import Genotype, from_probabilities
+from .io import save_torch_atomic, write_text_atomic
+from .supernet import Supernet
+from .tb import Logger
+from .training import environment, evaluate, prepare_out_dir, resolve_device, seed_everything, utc_now, weight_optimizer
+
+GENOTYPE_FILE = "genotype.json"
+
+
+class DivergenceError(AutolnError):
+    """A training loss became NaN or inf; the message names the step and the last checkpoint."""
+
+
+@dataclass
+class SearchResult:
+    """What a search returns: the genotype, its file, the final valid metrics, the wall time (s)."""
+
+    genotype: Genotype
+    path: Path
+    valid: dict
+    wall_time_s: float
+
+
+def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str]) -> str:
+    """A Markdown table: one row per site, its probabilities and its argmax placement."""
+    head = "| site | " + " | ".join(candidates) + " | chosen |\n|---|" + "---|" * (len(candidates) + 1) + "\n"
+    rows = [f"| {s} | " + " | ".join(f"{v:.3f}" for v in row) + f" | **{candidates[int(np.argmax(row))]}** |"
+            for s, row in zip(sites, probs)]
+    return head + "\n".join(rows)
+
+
+def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchResult:
+    """Run one search with the resolved config ``cfg``, writing everything under ``out``.
+
+    Writes ``config.yaml``, TensorBoard events, ``checkpoint.pt`` (at each evaluation) and
+    ``genotype.json``.
+
+    Raises:
+        OutputError: ``out`` holds a finished search and ``overwrite`` is False.
+        DataError: the corpus cannot be read or is too short for ``model.context``.
+        DivergenceError: a NaN/inf loss (the last checkpoint is kept).
+    """
+    started = time.perf_counter()
+    sc, mc = cfg.search, cfg.model
+    out = prepare_out_dir(out, overwrite)
+    device = resolve_device(sc.device)
+    corpus = load_corpus(cfg.data)
+    check_lengths(corpus, mc.context)
+    seed_everything(sc.seed)
+    train, valid = corpus.splits["train"], corpus.splits["valid"]
+    w_chunks, a_chunks = arch_split(len(train), mc.context, cfg.data.chunk_tokens, cfg.data.arch_fraction, sc.seed)
+    sampler_w = WindowSampler(train, w_chunks, mc.context, sc.batch_size, seed=[sc.seed, 1])
+    sampler_a = WindowSampler(train, a_chunks, mc.context, sc.batch_size, seed=[sc.seed, 2])
+    valid_starts = eval_starts(len(valid), mc.context, sc.eval_windows)
+
+    model = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau).to(device)
+    opt_w, sched_w = weight_optimizer(model.named_weight_parameters(), sc)
+    architect = Architect(model, sc)
+
+    write_text_atomic(out / "config.yaml", cfg.to_yaml())
+    log = Logger(out, cfg.logging.tensorboard)
+    log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
+    log.text("data", corpus.describe())
+    headline = HEADLINE[cfg.data.tokenizer]
+    print(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
+          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, device {device}", file=sys.stderr)
+
+    def checkpoint(step: int) -> None:
+        save_torch_atomic({
+            "kind": "search", "step": step, "config": cfg.to_dict(), "model": model.state_dict(),
+            "weight_optimizer": opt_w.state_dict(), "weight_scheduler": sched_w.state_dict(),
+            "architect": architect.state_dict(),
+            "samplers": {"w": sampler_w.state_dict(), "alpha": sampler_a.state_dict()},
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
+        }, out / "checkpoint.pt")
+
+    valid_metrics: dict = {}
+    bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not cfg.logging.progress, dynamic_ncols=True)
+    for step in bar:
+        x, y = sampler_a.sample()
+        loss_a = architect.step(x.to(device), y.to(device))
+        x, y = sampler_w.sample()
+        loss_w, grad_norm = weight_step(model, opt_w, sched_w, x.to(device), y.to(device), sc.grad_clip)
+        if not (math.isfinite(loss_w) and math.isfinite(loss_a)):
+            raise DivergenceError(f"search diverged at step {step}: L_w={loss_w}, L_alpha={loss_a}; "
+                                  f"the last good checkpoint is {out / 'checkpoint.pt'} (try a lower search.lr or more search.warmup_steps)")
+        if step % cfg.logging.log_every == 0:
+            log.scalars({"loss": loss_w, "loss_alpha": loss_a, "grad_norm": grad_norm}, step, "train")
+            log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
+            log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
+        if step % sc.eval_every == 0 or step == sc.steps:
+            valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+            log.scalars(valid_metrics, step, "valid")
+            probs = model.probabilities()
+            log.alphas(probs, model.site_names, model.candidates, step)
+            log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
+            log.flush()
+            checkpoint(step)
+        names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
+        bar.set_postfix_str(f"loss {loss_w:.3f} valid {valid_metrics.get(headline, float('nan')):.3f} [{' '.join(names)}]")
+    bar.close()
+
+    wall = time.perf_counter() - started
+    provenance = {
+        "created": utc_now(), "command": " ".join(sys.argv), "seed": sc.seed, "config": cfg.to_dict(),
+        "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint,
+                 "tokens": {k: int(len(v)) for k, v in corpus.splits.items()}},
+        "packages": environment(),
+        "metrics": {"steps": sc.steps, "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics},
+    }
+    genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance)
+    path = genotype.save(out / GENOTYPE_FILE)
+    log.text("genotype", f"final: `{genotype.describe()}`\n\n" + genotype_markdown(model.probabilities(), model.site_names, model.candidates), sc.steps)
+    log.close()
+    return SearchResult(genotype, path, valid_metrics, wall)

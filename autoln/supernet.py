@@ -1,0 +1,80 @@
+"""The supernet: every site mixes all candidate placements with ``softmax(alpha / tau)`` (DESIGN §3).
+
+Architecture parameters (alphas) are one registered parameter ``alphas`` of shape
+``(n_sites, K)``: ``n_sites = n_layers`` for ``granularity: layer`` (both sublayers of a
+block share a row) or ``2 * n_layers`` for ``sublayer`` (rows ``2i`` attention, ``2i+1`` FFN
+of block ``i``). ``K = len(candidates)``. They are in ``state_dict``, move with ``.to()``
+and work with DDP; :meth:`Supernet.arch_parameters` and :meth:`Supernet.weight_parameters`
+partition ``parameters()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .model import TransformerLM
+
+
+def site_names(n_layers: int, granularity: str) -> list[str]:
+    """Names of the alpha rows: ``block0, block1, ...`` (layer) or ``block0.attn, block0.ffn,
+    ...`` (sublayer). Used in TensorBoard tags ``alpha/<site>/<candidate>``."""
+    if granularity == "layer":
+        return [f"block{i}" for i in range(n_layers)]
+    return [f"block{i}.{s}" for i in range(n_layers) for s in ("attn", "ffn")]
+
+
+class Supernet(TransformerLM):
+    """A :class:`TransformerLM` whose every site holds all of ``cfg.candidates``.
+
+    Args:
+        cfg: model dimensions, ``candidates`` and ``granularity``.
+        vocab_size: number of token ids.
+        arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
+        tau: softmax temperature of the mixing weights.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, arch_init_std: float = 1e-3, tau: float = 1.0) -> None:
+        cands = list(cfg.candidates)
+        super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
+        self.candidates = cands
+        self.granularity = cfg.granularity
+        self.tau = tau
+        self.site_names = site_names(cfg.n_layers, cfg.granularity)
+        self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands)))
+
+    def arch_parameters(self) -> list[nn.Parameter]:
+        """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
+        return [self.alphas]
+
+    def named_weight_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` for every parameter except the alphas."""
+        return [(n, p) for n, p in self.named_parameters() if p is not self.alphas]
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the alphas (branch weights, norms, embeddings)."""
+        return [p for _, p in self.named_weight_parameters()]
+
+    def site_weights(self) -> torch.Tensor:
+        """``softmax(alphas / tau)`` per site, shape ``(n_sites, K)`` (DARTS eq. 2)."""
+        return torch.softmax(self.alphas / self.tau, dim=-1)
+
+    def mixing_weights(self) -> torch.Tensor:
+        """Per block and sublayer mixing weights ``(n_layers, 2, K)`` (layer granularity repeats a row)."""
+        w = self.site_weights()
+        if self.granularity == "layer":
+            return w.unsqueeze(1).expand(-1, 2, -1)
+        return w.view(-1, 2, w.shape[-1])
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, mix: torch.Tensor | None = None):
+        """As :meth:`TransformerLM.forward`, mixing with :meth:`mixing_weights` unless ``mix`` is given."""
+        return super().forward(idx, targets, self.mixing_weights() if mix is None else mix)
+
+    def hidden_states(self, idx: torch.Tensor, mix: torch.Tensor | None = None) -> list[torch.Tensor]:
+        return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
+
+    def probabilities(self) -> np.ndarray:
+        """Current mixing probabilities ``(n_sites, K)`` as float64 numpy (detached)."""
+        return self.site_weights().detach().double().cpu().numpy()

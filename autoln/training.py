@@ -1,0 +1,129 @@
+"""Pieces shared by the search and the retrain: device, seeding, AdamW with warm-up + cosine
+schedule, evaluation, run folders and provenance."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+import random
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .data import eval_batches
+from .errors import ConfigError, OutputError
+from .model import weight_param_groups
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cpu``; ``cuda``.
+
+    Raises:
+        ConfigError: ``cuda`` requested but not available (names the key as ``*.device``).
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested (search.device / retrain.device) but CUDA is not available")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Learning-rate multiplier at optimizer step ``step`` (0-based): linear warm-up from
+    ``1/warmup_steps`` to 1 over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` at
+    ``steps`` (Loshchilov & Hutter 2017, SGDR without restarts)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def weight_optimizer(named_params: Sequence[tuple[str, nn.Parameter]], cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (decoupled weight decay on matrices only) and its :func:`lr_factor` scheduler."""
+    opt = torch.optim.AdamW(weight_param_groups(named_params, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+    return opt, sched
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device) -> float:
+    """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
+
+    ``model(x, y)`` must return ``(logits, loss)``. The model is put in eval mode and back.
+    """
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in eval_batches(tokens, starts, context, batch_size):
+        _, loss = model(x.to(device), y.to(device))
+        total += loss.item() * y.numel()
+        count += y.numel()
+    model.train(was_training)
+    return total / count
+
+
+FINISHED_MARKERS = ("genotype.json", "metrics.json")
+
+
+def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
+    """Create the run folder; refuse one that holds a finished search (``genotype.json``) or
+    retrain (``metrics.json``) unless ``overwrite``: one folder holds one run.
+
+    With ``overwrite`` the old TensorBoard event files are removed so the new run's curves do
+    not mix with the old one's; other files are replaced as the new run writes them.
+
+    Raises:
+        OutputError: ``out`` is a file, or holds a finished run and ``overwrite`` is False.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a folder")
+    finished = [m for m in FINISHED_MARKERS if (out / m).exists()]
+    if finished:
+        if not overwrite:
+            raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); "
+                              "choose another folder or pass --overwrite")
+        for f in out.glob("events.out.tfevents.*"):
+            f.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def default_out_dir(kind: str, tag: str = "") -> Path:
+    """``runs/<kind>[-<tag>]-<YYYYmmdd-HHMMSS>`` under the current folder."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / "-".join(p for p in (kind, tag, stamp) if p)
+
+
+def environment() -> dict[str, str]:
+    """Package versions for provenance."""
+    import autoln
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "autoln": autoln.__version__, "platform": platform.platform()}
+
+
+def utc_now() -> str:
+    """Current UTC time, ISO 8601 with seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def clip_and_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm`` (0 = no clipping); returns the norm before."""
+    params = [p for p in params if p.grad is not None]
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0

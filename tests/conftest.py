@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny model configs, the shared corpora (skipped when absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoln.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file or folder under ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} not found: the shared corpora sit beside the repository in CI and dev checkouts, not in a fresh clone")
+    return path
+
+
+@pytest.fixture
+def tiny_model_cfg() -> ModelConfig:
+    return ModelConfig(n_layers=3, d_model=16, n_heads=2, d_ff=32, context=8)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> str:
+    return str(tmp_path / "cache")

@@ -1,0 +1,130 @@
+"""End to end through the real command line: search -> genotype.json -> retrain -> metrics.json,
+TensorBoard tags read back, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoln.genotype import Genotype
+
+from .conftest import ROOT, shared_path
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def run(script: str, *args: str, cache: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CACHE_HOME": cache}
+    proc = subprocess.run([sys.executable, str(ROOT / script), *args, "--set", "logging.progress=false"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def event_tags(folder: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    cache = str(root / "cache")
+    proc = run("search.py", "--config", TINY, "--out", str(root / "search"), cache=cache)
+    return root, cache, proc
+
+
+def test_search_writes_valid_genotype_and_tensorboard(searched):
+    root, _, proc = searched
+    out = root / "search"
+    g = Genotype.load(out / "genotype.json")
+    assert len(g.placements) == 2 and set(g.placements) <= {"pre", "post", "deepnorm"}
+    assert g.provenance["data"]["corpus"] == "stdlib" and len(g.provenance["data"]["fingerprint_sha256"]) == 64
+    assert g.provenance["config"]["search"]["steps"] == 100
+    assert "python retrain.py --genotype" in proc.stdout
+    assert (out / "config.yaml").exists() and (out / "checkpoint.pt").exists()
+    acc = event_tags(out)
+    scalars = set(acc.Tags()["scalars"])
+    expected = {"train/loss", "train/loss_alpha", "valid/loss", "valid/bits_per_byte", "lr/weights", "lr/alphas"}
+    expected |= {f"alpha/block{i}/{c}" for i in range(2) for c in ("pre", "post", "deepnorm")}
+    assert expected <= scalars
+    assert "alphas" in acc.Tags()["images"]
+    assert {"genotype/text_summary", "config/text_summary"} <= set(acc.Tags()["tensors"])
+    assert [e.step for e in acc.Scalars("valid/bits_per_byte")] == [50, 100]
+    probs = [acc.Scalars(f"alpha/block{i}/{c}")[-1].value for i in range(2) for c in g.candidates]
+    assert probs == pytest.approx([p for row in g.probabilities for p in row], abs=1e-6)
+
+
+def test_retrain_reports_bits_per_byte(searched):
+    root, cache, _ = searched
+    out = root / "retrain"
+    proc = run("retrain.py", "--genotype", str(root / "search" / "genotype.json"), "--config", TINY, "--out", str(out), cache=cache)
+    m = json.loads((out / "metrics.json").read_text())
+    assert 0 < m["valid"]["bits_per_byte"] < 8 and 0 < m["test"]["bits_per_byte"] < 8
+    assert m["steps"] == 150 and m["valid"]["windows"] == 32
+    assert f"bits_per_byte {m['valid']['bits_per_byte']:.4f}" in proc.stdout
+    acc = event_tags(out)
+    assert {"train/loss", "valid/bits_per_byte", "lr/weights", "alpha/block0/" + m["placements"].split()[0]} <= set(acc.Tags()["scalars"])
+    assert "alphas" in acc.Tags()["images"]
+    # a finished run folder is refused without --overwrite, and left untouched
+    before = (out / "metrics.json").read_bytes()
+    proc = run("retrain.py", "--genotype", "all-pre", "--config", TINY, "--out", str(out), cache=cache, check=False)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr and "Traceback" not in proc.stderr
+    assert (out / "metrics.json").read_bytes() == before
+
+
+def test_baseline_names_and_same_seed_same_batches(searched):
+    root, cache, _ = searched
+    losses = {}
+    for name in ("all-pre", "mix-ln"):
+        run("retrain.py", "--genotype", name, "--config", TINY, "--out", str(root / name), "--set", "retrain.steps=20", cache=cache)
+        losses[name] = json.loads((root / name / "metrics.json").read_text())
+    assert losses["mix-ln"]["placements"] == "post pre"  # round(0.25 * 2) = 1 Post-LN block first
+    assert losses["all-pre"]["placements"] == "pre pre"
+    assert losses["all-pre"]["valid"]["loss"] != losses["mix-ln"]["valid"]["loss"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--set", "model.n_heads=3"], "model.d_model"),
+    (["--set", "modle.x=1"], "modle"),
+    (["--set", "data.corpus=/no/such/file.txt"], "/no/such/file.txt"),
+    (["--config", "/no/such/config.yaml"], "/no/such/config.yaml"),
+])
+def test_search_bad_input_is_one_clear_line(tmp_path, args, needle):
+    proc = run("search.py", "--config", TINY, *args, "--out", str(tmp_path / "o"), cache=str(tmp_path / "c"), check=False)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_retrain_bad_genotype(tmp_path):
+    bad = tmp_path / "g.json"
+    bad.write_text('{"format": "autoln.genotype"}')
+    proc = run("retrain.py", "--genotype", str(bad), "--config", TINY, "--out", str(tmp_path / "o"), cache=str(tmp_path / "c"), check=False)
+    assert proc.returncode == 2 and "field 'version'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("retrain.py", "--genotype", "all-sandwich", "--config", TINY, cache=str(tmp_path / "c"), check=False)
+    assert proc.returncode == 2 and "all-sandwich" in proc.stderr
+
+
+@pytest.mark.parametrize("tokenizer, metric", [("bytes", "bits_per_byte"), ("words", "perplexity")])
+def test_wikitext2_search_and_retrain(tmp_path, tokenizer, metric):
+    corpus = str(shared_path("wikitext-2"))
+    cache = str(tmp_path / "cache")
+    sets = ["--set", f"data.corpus={corpus}", "--set", f"data.tokenizer={tokenizer}", "--set", "search.steps=20",
+            "--set", "retrain.steps=20", "--set", "search.eval_every=10", "--set", "retrain.eval_every=10"]
+    run("search.py", "--config", TINY, *sets, "--out", str(tmp_path / "s"), cache=cache)
+    g = Genotype.load(tmp_path / "s" / "genotype.json")
+    assert g.model["vocab_size"] == (256 if tokenizer == "bytes" else 33_278)
+    run("retrain.py", "--genotype", str(tmp_path / "s" / "genotype.json"), "--config", TINY, *sets, "--out", str(tmp_path / "r"), cache=cache)
+    m = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert m["valid"][metric] > 0 and m["data"]["tokenizer"] == tokenizer
+    if tokenizer == "words":
+        assert m["valid"]["perplexity"] < 33_278 * 2

@@ -1,0 +1,65 @@
+"""Config loading: defaults, files, --set overrides, errors naming the key."""
+
+from pathlib import Path
+
+import pytest
+
+from autoln.config import Config, load_config
+from autoln.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_shipped_default_configs_equal_builtin_defaults():
+    defaults = Config()
+    for name in ("search.yaml", "retrain.yaml"):
+        assert load_config(CONFIGS / name) == defaults, name
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "gpu.yaml", "search.yaml", "retrain.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.model.d_model % cfg.model.n_heads == 0
+
+
+def test_overrides_and_types(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("search:\n  arch_lr: 3e-4\n  steps: 7\nmodel:\n  candidates: [pre, post]\n")
+    cfg = load_config(f, ["search.steps=9", "model.granularity=sublayer", "search.betas=[0.8, 0.9]", "data.cache_dir=null"])
+    assert cfg.search.steps == 9 and cfg.search.arch_lr == 3e-4
+    assert cfg.model.candidates == ["pre", "post"] and cfg.model.granularity == "sublayer"
+    assert cfg.search.betas == (0.8, 0.9) and cfg.data.cache_dir is None
+    assert load_config(None, []).to_dict() == Config().to_dict()
+    assert "granularity: sublayer" in cfg.to_yaml()
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["model.widht=3"], "model.widht"),
+    (["modle.d_model=3"], "modle"),
+    (["search.steps=ten"], "search.steps"),
+    (["search.steps=2.5"], "search.steps"),
+    (["logging.progress=3"], "logging.progress"),
+    (["model.d_model=0"], "model.d_model"),
+    (["model.n_heads=5"], "model.d_model"),
+    (["model.candidates=[pre, sandwichx]"], "model.candidates"),
+    (["data.tokenizer=bpe"], "data.tokenizer"),
+    (["search.lr=-1"], "search.lr"),
+    (["search.steps"], "section.key=value"),
+    (["data.arch_fraction=1.0"], "data.arch_fraction"),
+])
+def test_bad_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, overrides)
+
+
+def test_unknown_key_in_file_names_key_and_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  layers: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert "model.layers" in str(err.value) and str(f) in str(err.value)
+    f.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")

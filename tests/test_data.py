@@ -1,0 +1,130 @@
+"""Corpora, tokenisers, splits and samplers (DESIGN §8, §4 "Data")."""
+
+import numpy as np
+import pytest
+
+from autoln.config import DataConfig
+from autoln.data import (WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss,
+                         stdlib_files, tokenize, windows)
+from autoln.errors import DataError
+
+from .conftest import shared_path
+
+
+def test_d_w_and_d_alpha_share_no_window():
+    n, ctx = 50_000, 16
+    w, a = arch_split(n, ctx, 512, 0.5, seed=3)
+    assert len(w) + len(a) == n // 512 and abs(len(w) - len(a)) <= 1
+    cover = np.zeros(n, dtype=int)
+    for lo, hi in np.concatenate([w, a]):
+        cover[lo:hi] += 1
+    assert cover.max() == 1  # chunks are disjoint
+    tokens = np.arange(n)
+    for chunks, seed in ((w, 1), (a, 2)):
+        s = WindowSampler(tokens, chunks, ctx, batch_size=64, seed=seed)
+        for _ in range(20):
+            starts = s.sample_starts()
+            inside = ((starts[:, None] >= chunks[:, 0]) & (starts[:, None] + ctx + 1 <= chunks[:, 1])).any(1)
+            assert inside.all()
+    own_w = np.zeros(n, bool)
+    for lo, hi in w:
+        own_w[lo:hi] = True
+    s_a = WindowSampler(tokens, a, ctx, batch_size=256, seed=5)
+    for _ in range(10):
+        for st in s_a.sample_starts():
+            assert not own_w[st:st + ctx + 1].any()
+
+
+def test_sampler_is_seeded_and_windows_shift_by_one():
+    tokens = np.arange(1000)
+    chunks = np.array([[0, 1000]])
+    a = WindowSampler(tokens, chunks, 10, 4, seed=[7, 1]).sample()
+    b = WindowSampler(tokens, chunks, 10, 4, seed=[7, 1]).sample()
+    assert all(np.array_equal(u, v) for u, v in zip(a, b))
+    x, y = a
+    assert x.shape == (4, 10) and (y - x == 1).all()
+    x, y = windows(tokens, np.array([3]), 5)
+    assert x.tolist() == [[3, 4, 5, 6, 7]] and y.tolist() == [[4, 5, 6, 7, 8]]
+
+
+def test_eval_starts_non_overlapping():
+    assert eval_starts(101, 10, None).tolist() == list(range(0, 100, 10))
+    s = eval_starts(10_001, 10, 5)
+    assert s.tolist() == [0, 2500, 5000, 7490, 9990] and (np.diff(s) >= 10).all()
+
+
+def test_single_file_splits_at_line_ends(tmp_path, cache_dir):
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"line {i:04d}\n" for i in range(1000)))
+    c = load_corpus(DataConfig(corpus=str(f), cache_dir=cache_dir))
+    parts = [bytes(np.asarray(c.splits[s])) for s in ("train", "valid", "test")]
+    assert b"".join(parts) == f.read_bytes()
+    assert all(p.endswith(b"\n") for p in parts)
+    assert [len(p) // 10 for p in parts] == [900, 50, 50]
+    assert c.vocab_size == 256 and c.vocab is None
+    again = load_corpus(DataConfig(corpus=str(f), cache_dir=cache_dir))
+    assert isinstance(again.splits["train"], np.memmap) and again.fingerprint == c.fingerprint
+
+
+def test_words_and_chars_tokenisers():
+    raw = {"train": b"a b a\n\nc\n", "valid": b"a z\n", "test": b"b\n"}
+    src = {k: k for k in raw}
+    ids, vocab = tokenize(raw, "words", src)
+    assert vocab == ["a", "b", "<eos>", "c", "<unk>"]
+    assert ids["train"].tolist() == [0, 1, 0, 2, 2, 3, 2]
+    assert ids["valid"].tolist() == [0, 4, 2] and ids["test"].tolist() == [1, 2]
+    ids, vocab = tokenize({"train": "ab\né".encode(), "valid": b"ba", "test": b"q"}, "chars", src)
+    assert vocab == ["\n", "a", "b", "é", "<unk>"] and ids["test"].tolist() == [4]
+    with pytest.raises(DataError, match=r"valid.*UTF-8 at byte 1"):
+        tokenize({"train": b"ok", "valid": b"a\xff", "test": b"x"}, "chars", src)
+
+
+def test_bad_corpora(tmp_path, cache_dir):
+    with pytest.raises(DataError, match="does not exist"):
+        load_corpus(DataConfig(corpus=str(tmp_path / "nope.txt"), cache_dir=cache_dir))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(DataError, match="empty"):
+        load_corpus(DataConfig(corpus=str(empty), cache_dir=cache_dir))
+    folder = tmp_path / "wt"
+    folder.mkdir()
+    (folder / "train.txt").write_text("x\n")
+    with pytest.raises(DataError, match="valid.txt"):
+        load_corpus(DataConfig(corpus=str(folder), cache_dir=cache_dir))
+    short = tmp_path / "short.txt"
+    short.write_text("".join(f"{i}\n" for i in range(40)))
+    c = load_corpus(DataConfig(corpus=str(short), cache_dir=cache_dir))
+    with pytest.raises(DataError, match="model.context=64"):
+        check_lengths(c, 64)
+
+
+def test_stdlib_corpus_is_ordered_and_fingerprinted(cache_dir):
+    files = stdlib_files()
+    assert len(files) > 100 and all(p.suffix == ".py" for p in files)
+    assert not any("site-packages" in p.parts for p in files)
+    c = load_corpus(DataConfig(cache_dir=cache_dir))
+    assert c.vocab_size == 256 and len(c.fingerprint) == 64
+    total = sum(len(v) for v in c.splits.values())
+    assert total == sum(p.stat().st_size for p in files)
+    assert load_corpus(DataConfig(cache_dir=cache_dir)).fingerprint == c.fingerprint
+
+
+def test_metrics_units():
+    m = metrics_from_loss(np.log(2.0), "bytes")
+    assert m["bits_per_byte"] == pytest.approx(1.0) and m["perplexity"] == pytest.approx(2.0)
+    assert "bits_per_byte" not in metrics_from_loss(1.0, "words")
+    assert metrics_from_loss(np.log(4.0), "chars")["bits_per_char"] == pytest.approx(2.0)
+
+
+def test_wikitext2_word_counts_match_sources(cache_dir):
+    folder = shared_path("wikitext-2")
+    c = load_corpus(DataConfig(corpus=str(folder), tokenizer="words", cache_dir=cache_dir))
+    assert [len(c.splits[s]) for s in ("train", "valid", "test")] == [2_088_628, 217_646, 245_569]
+    assert c.vocab_size == 33_278 and c.vocab[:3] == ["<eos>", "=", "Valkyria"]
+
+
+def test_tiny_shakespeare_chars(cache_dir):
+    f = shared_path("tinyshakespeare", "input.txt")
+    c = load_corpus(DataConfig(corpus=str(f), tokenizer="chars", cache_dir=cache_dir))
+    assert sum(len(v) for v in c.splits.values()) == 1_115_394
+    assert c.vocab_size <= 66 and c.vocab[0] == "\n"

@@ -1,0 +1,152 @@
+"""The supernet and the derived model: init gain, one-hot equivalence, parameter partition, cost."""
+
+import pytest
+import torch
+
+from autoln.architect import Architect, weight_step
+from autoln.config import ModelConfig, SearchConfig
+from autoln.genotype import baseline
+from autoln.model import build_derived
+from autoln.placements import deepnorm_constants
+from autoln.supernet import Supernet, site_names
+from autoln.training import weight_optimizer
+
+VOCAB = 23
+
+
+def _derived(cfg, placements, seed=0):
+    torch.manual_seed(seed)
+    return build_derived(cfg, VOCAB, placements)
+
+
+def test_deepnorm_init_gain_on_exactly_four_matrices(tiny_model_cfg):
+    n = tiny_model_cfg.n_layers
+    _, b = deepnorm_constants(n)
+    pre = _derived(tiny_model_cfg, [("pre", "pre")] * n)
+    deep = _derived(tiny_model_cfg, [("deepnorm", "deepnorm")] * n)
+    scaled = {f"blocks.{i}.{m}.weight" for i in range(n) for m in ("attn.v_proj", "attn.o_proj", "ffn.fc1", "ffn.fc2")}
+    pre_params, deep_params = dict(pre.named_parameters()), dict(deep.named_parameters())
+    common = [k for k in pre_params if k in deep_params]
+    assert len(scaled) == 4 * n and scaled <= set(common)
+    for name in common:
+        ratio = deep_params[name].detach().std() / pre_params[name].detach().std()
+        if name in scaled:
+            assert ratio.item() == pytest.approx(b, rel=1e-6), name
+            torch.testing.assert_close(deep_params[name], b * pre_params[name])
+        else:
+            assert torch.equal(deep_params[name], pre_params[name]), name
+
+
+def test_init_gain_follows_each_sublayer(tiny_model_cfg):
+    n = tiny_model_cfg.n_layers
+    _, b = deepnorm_constants(n)
+    mixed = [("pre", "deepnorm"), ("deepnorm", "post"), ("post", "pre")]
+    ref = _derived(tiny_model_cfg, [("pre", "pre")] * n)
+    m = _derived(tiny_model_cfg, mixed)
+    for i, (attn, ffn) in enumerate(mixed):
+        for branch, place, names in (("attn", attn, ("v_proj", "o_proj", "q_proj", "k_proj")), ("ffn", ffn, ("fc1", "fc2"))):
+            for w in names:
+                got = getattr(getattr(m.blocks[i], branch), w).weight
+                want = getattr(getattr(ref.blocks[i], branch), w).weight
+                gain = b if place == "deepnorm" and w not in ("q_proj", "k_proj") else 1.0
+                torch.testing.assert_close(got, gain * want)
+
+
+def _one_hot_supernet(cfg, rows):
+    torch.manual_seed(0)
+    net = Supernet(cfg, VOCAB)
+    with torch.no_grad():
+        net.alphas.fill_(-1e4)
+        for i, k in enumerate(rows):
+            net.alphas[i, k] = 1e4
+    return net
+
+
+@pytest.mark.parametrize("granularity", ["layer", "sublayer"])
+@pytest.mark.parametrize("choice", ["pre", "post", "deepnorm", "mixed"])
+def test_one_hot_supernet_equals_derived_model(tiny_model_cfg, granularity, choice):
+    cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "granularity": granularity})
+    cands = cfg.candidates
+    n_sites = len(site_names(cfg.n_layers, granularity))
+    if choice == "mixed":
+        rows = [(i * 2 + 1) % 3 for i in range(n_sites)]
+    else:
+        rows = [cands.index(choice)] * n_sites
+    net = _one_hot_supernet(cfg, rows)
+    names = [cands[k] for k in rows]
+    per_block = [(names[i], names[i]) for i in range(cfg.n_layers)] if granularity == "layer" else \
+        [(names[2 * i], names[2 * i + 1]) for i in range(cfg.n_layers)]
+    # randomise the norms' affine parameters so every candidate's own norms matter
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    derived = build_derived(cfg, VOCAB, per_block)
+    missing, unexpected = derived.load_state_dict(net.state_dict(), strict=False)
+    assert missing == []
+    assert "alphas" in unexpected
+    assert torch.equal(net.mixing_weights().amax(-1), torch.ones(cfg.n_layers, 2))
+    idx = torch.randint(0, VOCAB, (3, cfg.context))
+    torch.testing.assert_close(net(idx)[0], derived(idx)[0], rtol=0, atol=1e-5)
+
+
+def test_parameters_partition_and_alphas_in_state_dict(tiny_model_cfg):
+    net = Supernet(tiny_model_cfg, VOCAB)
+    arch = {id(p) for p in net.arch_parameters()}
+    weights = {id(p) for p in net.weight_parameters()}
+    every = {id(p) for p in net.parameters()}
+    assert arch and weights and not arch & weights and arch | weights == every
+    assert net.alphas.shape == (tiny_model_cfg.n_layers, 3)
+    assert torch.equal(net.state_dict()["alphas"], net.alphas.detach())
+    assert net.double().alphas.dtype == torch.float64
+    sub = Supernet(ModelConfig(**{**tiny_model_cfg.__dict__, "granularity": "sublayer"}), VOCAB)
+    assert sub.alphas.shape == (2 * tiny_model_cfg.n_layers, 3)
+    assert site_names(2, "sublayer") == ["block0.attn", "block0.ffn", "block1.attn", "block1.ffn"]
+
+
+def test_alpha_step_changes_only_alphas_and_weight_step_only_weights(tiny_model_cfg):
+    sc = SearchConfig(arch_lr=0.05, lr=0.05, warmup_steps=0)
+    net = Supernet(tiny_model_cfg, VOCAB, arch_init_std=1e-3)
+    opt, sched = weight_optimizer(net.named_weight_parameters(), sc)
+    architect = Architect(net, sc)
+    x = torch.randint(0, VOCAB, (4, tiny_model_cfg.context))
+    y = torch.randint(0, VOCAB, (4, tiny_model_cfg.context))
+
+    def snapshot():
+        return {k: v.clone() for k, v in net.state_dict().items()}
+
+    before = snapshot()
+    architect.step(x, y)
+    after = snapshot()
+    assert not torch.equal(before["alphas"], after["alphas"])
+    assert all(torch.equal(before[k], after[k]) for k in before if k != "alphas")
+    weight_step(net, opt, sched, x, y, grad_clip=1.0)
+    final = snapshot()
+    assert torch.equal(after["alphas"], final["alphas"])
+    changed = [k for k in after if k != "alphas" and not torch.equal(after[k], final[k])]
+    assert "blocks.0.attn.q_proj.weight" in changed and "tok_emb.weight" in changed
+
+
+def test_supernet_calls_each_branch_once_on_a_doubled_batch(tiny_model_cfg):
+    net = Supernet(tiny_model_cfg, VOCAB)
+    calls = []
+    for block in net.blocks:
+        for branch in (block.attn, block.ffn):
+            branch.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
+    net(torch.randint(0, VOCAB, (5, tiny_model_cfg.context)))
+    assert calls == [10] * (2 * tiny_model_cfg.n_layers)  # two distinct inputs (x, LN(x)) in one call
+    derived = build_derived(tiny_model_cfg, VOCAB, [("pre", "post")] * tiny_model_cfg.n_layers)
+    calls.clear()
+    for block in derived.blocks:
+        for branch in (block.attn, block.ffn):
+            branch.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
+    derived(torch.randint(0, VOCAB, (5, tiny_model_cfg.context)))
+    assert calls == [5] * (2 * tiny_model_cfg.n_layers)
+
+
+def test_final_norm_and_tied_head(tiny_model_cfg):
+    m = build_derived(tiny_model_cfg, VOCAB, baseline("all-post", tiny_model_cfg, VOCAB).block_placements())
+    assert m.lm_head.weight is m.tok_emb.weight
+    assert isinstance(m.norm_f, torch.nn.LayerNorm)
+    logits, loss = m(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+    assert logits.shape == (2, 4, VOCAB) and loss.ndim == 0
