@@ -1,48 +1,151 @@
-"""The bilevel step (DARTS, Liu et al. 2019, §2.3, eq. 3-8): alphas on D_alpha, weights on D_w.
+"""The bilevel step (DARTS, Liu et al. 2019, §2.3, eq. 3-8; DESIGN §4).
 
 :class:`Architect` owns the alpha optimizer and computes the architecture gradient; its
-narrow interface (``step``, ``state_dict``, ``load_state_dict``) is all the search loop uses.
-First order (``g_alpha = grad_alpha L_alpha(w, alpha)``, DARTS eq. 6 with ``xi = 0``).
-:func:`weight_step` is the inner update of the weights.
+narrow interface (``step``, ``gradient``, ``state_dict``, ``load_state_dict``) is all the
+search loop uses. :func:`weight_step` is the inner update of the weights.
+
+The alpha objective on a D_alpha batch is
+``L_alpha = CE + zero_one_weight * zero_one(alpha) + lambda(step) * mean(logsumexp(alpha))``
+(Fair DARTS' zero-one loss; beta-DARTS with ``lambda`` rising linearly to ``beta_reg_max``).
+
+- First order: ``g = grad_alpha L_alpha(w, alpha)``.
+- Second order: virtual step ``w' = w - xi grad_w L_w(w, alpha)`` on the D_w batch, then
+  ``g = grad_alpha L_alpha(w', alpha) - xi [grad_alpha L_w(w+, alpha) - grad_alpha L_w(w-, alpha)] / (2 eps)``
+  with ``w± = w ± eps v``, ``v = grad_w' L_alpha(w', alpha)``, ``eps = 0.01 / ||v||``
+  (DARTS eq. 7-8). The weights are restored bitwise from a copy afterwards, and the weight
+  optimizer is never touched.
+
+With a stochastic mixing (Gumbel) one noise draw serves every pass of one step, so the
+finite difference compares like with like.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .config import SearchConfig
+from .mixing import Noise, beta_regulariser, linear, zero_one_loss
 from .supernet import Supernet
 from .training import clip_and_norm
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
+
 
 class Architect:
-    """Updates the supernet's alphas with Adam (DARTS defaults: lr 3e-4, betas (0.5, 0.999),
-    weight decay 1e-3, taken from ``cfg.arch_*``).
+    """Updates the supernet's alphas with Adam (defaults from DARTS: lr 3e-4, betas
+    (0.5, 0.999), weight decay 1e-3, from ``cfg.arch_*``), first- or second-order.
 
     Args:
         model: the supernet.
-        cfg: search settings.
+        cfg: search settings (``order``, ``zero_one_weight``, ``beta_reg_max``, ``steps``).
     """
 
     def __init__(self, model: Supernet, cfg: SearchConfig) -> None:
-        self.model = model
+        self.model, self.cfg = model, cfg
         self.optimizer = torch.optim.Adam(model.arch_parameters(), lr=cfg.arch_lr, betas=cfg.arch_betas,
                                           weight_decay=cfg.arch_weight_decay)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """One first-order alpha update on a D_alpha batch ``x, y`` ``(B, T)``.
+    # --- objectives ------------------------------------------------------------------------
 
-        Only the alphas' gradient is computed (``torch.autograd.grad``), so no weight gradient
-        is formed or accumulated and the weights are untouched. Returns ``L_alpha`` in nats/token.
+    def _ce(self, batch: Batch, gumbel: Noise) -> torch.Tensor:
+        x, y = batch
+        return self.model(x, y, mix=self.model.mixing_weights(gumbel))[1]
+
+    def alpha_objective(self, batch: Batch, gumbel: Noise, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L_alpha with regularisers, its cross-entropy part)``, scalars; ``batch`` ``(B, T)`` pairs."""
+        ce = self._ce(batch, gumbel)
+        total = ce
+        alphas = self.model.alphas
+        if self.cfg.zero_one_weight > 0:
+            total = total + self.cfg.zero_one_weight * zero_one_loss(alphas)
+        lam = linear(0.0, self.cfg.beta_reg_max, step, self.cfg.steps)
+        if lam > 0:
+            total = total + lam * beta_regulariser(alphas)
+        return total, ce
+
+    # --- second-order pieces -----------------------------------------------------------------
+
+    def virtual_step(self, batch_w: Batch, xi: float, gumbel: Noise = None) -> list[torch.Tensor]:
+        """Set the weights in place to ``w' = w - xi * grad_w L_w(w, alpha)`` and return copies
+        of the original weights (pass them to :meth:`restore`)."""
+        weights = self.model.weight_parameters()
+        backup = [p.detach().clone() for p in weights]
+        grads = torch.autograd.grad(self._ce(batch_w, gumbel), weights)
+        with torch.no_grad():
+            for p, g in zip(weights, grads):
+                p.sub_(xi * g)
+        return backup
+
+    def restore(self, backup: list[torch.Tensor]) -> None:
+        """Copy the saved weights back (bitwise)."""
+        with torch.no_grad():
+            for p, b in zip(self.model.weight_parameters(), backup):
+                p.copy_(b)
+
+    def hessian_vector_product(self, backup: list[torch.Tensor], v: list[torch.Tensor], batch_w: Batch,
+                               gumbel: Noise = None) -> torch.Tensor:
+        """``[grad_alpha L_w(w+, alpha) - grad_alpha L_w(w-, alpha)] / (2 eps)`` with
+        ``w± = w ± eps v``, ``eps = 0.01 / ||v||`` (DARTS eq. 8); shape of the alphas.
+        ``backup`` holds ``w``; the weights are left at ``w-`` (call :meth:`restore`)."""
+        norm = _global_norm(v)
+        if norm == 0:
+            return torch.zeros_like(self.model.alphas)
+        eps = 0.01 / norm
+        weights = self.model.weight_parameters()
+        grads = []
+        for sign in (1.0, -1.0):
+            with torch.no_grad():
+                for p, b, d in zip(weights, backup, v):
+                    p.copy_(b).add_(d, alpha=float(sign * eps))
+            (g,) = torch.autograd.grad(self._ce(batch_w, gumbel), [self.model.alphas])
+            grads.append(g)
+        return (grads[0] - grads[1]) / (2 * eps)
+
+    # --- the update ----------------------------------------------------------------------------
+
+    def gradient(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int,
+                 gumbel: Optional[Noise] = None) -> tuple[float, torch.Tensor]:
+        """The architecture gradient of ``cfg.order`` without applying it.
+
+        Args:
+            batch_w: a D_w batch (used by the second order only); batch_alpha: a D_alpha batch.
+            xi: the virtual step's learning rate (the current weight lr).
+            step: the search step (for the beta-DARTS schedule).
+            gumbel: the step's Gumbel noise (None: deterministic, or drawn by the model).
+
+        Returns:
+            ``(cross-entropy L_alpha in nats/token, g_alpha shaped like the alphas)``.
         """
-        alphas = self.model.arch_parameters()
+        alphas = self.model.alphas
+        if self.cfg.order == 1:
+            total, ce = self.alpha_objective(batch_alpha, gumbel, step)
+            (g,) = torch.autograd.grad(total, [alphas])
+            return ce.item(), g
+        weights = self.model.weight_parameters()
+        backup = self.virtual_step(batch_w, xi, gumbel)
+        try:
+            total, ce = self.alpha_objective(batch_alpha, gumbel, step)
+            *v, g_direct = torch.autograd.grad(total, weights + [alphas])
+            hvp = self.hessian_vector_product(backup, v, batch_w, gumbel)
+        finally:
+            self.restore(backup)
+        return ce.item(), g_direct - xi * hvp
+
+    def step(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int) -> float:
+        """One alpha update (first- or second-order per ``cfg.order``); the weights and their
+        optimizer are unchanged. Returns the cross-entropy ``L_alpha`` in nats/token."""
+        gumbel = self.model.draw_gumbel()
+        loss, g = self.gradient(batch_w, batch_alpha, xi, step, gumbel)
         self.optimizer.zero_grad(set_to_none=True)
-        _, loss = self.model(x, y)
-        grads = torch.autograd.grad(loss, alphas)
-        for p, g in zip(alphas, grads):
-            p.grad = g
+        self.model.alphas.grad = g
         self.optimizer.step()
-        return loss.item()
+        return loss
 
     def state_dict(self) -> dict:
         """The alpha optimizer's state (the alphas themselves live in the model's state_dict)."""
@@ -53,15 +156,17 @@ class Architect:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def weight_step(model: Supernet, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor, y: torch.Tensor, grad_clip: float) -> tuple[float, float]:
+def weight_step(model: Supernet, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor, y: torch.Tensor,
+                grad_clip: float, noise: float = 0.0) -> tuple[float, float]:
     """One weight update on a D_w batch ``x, y`` ``(B, T)``: gradients reach the weights only
     (``backward(inputs=weights)``), clipped to ``grad_clip``; then the scheduler steps.
+    ``noise``: SDARTS-RS uniform noise on the mixing weights (Chen & Hsieh 2020).
 
     Returns ``(L_w in nats/token, gradient norm before clipping)``.
     """
     weights = model.weight_parameters()
     optimizer.zero_grad(set_to_none=True)
-    _, loss = model(x, y)
+    _, loss = model(x, y, mix=model.mixing_weights(model.draw_gumbel(), noise))
     loss.backward(inputs=weights)
     norm = clip_and_norm(weights, grad_clip)
     optimizer.step()

@@ -3,14 +3,15 @@
 ``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 
-Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder; one line
-``error: ...`` naming the file or field, no traceback), 3 when training diverged, 130 on
-Ctrl-C.
+Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
+the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
+training diverged, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -21,26 +22,31 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+def _parser(prog: str, description: str, section: str, default_out: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--config", metavar="FILE", help="YAML config (sections data, model, search, retrain, logging)")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                   help="override one config key, e.g. --set search.steps=200 (repeatable)")
-    p.add_argument("--out", metavar="DIR", help="run folder (default runs/<kind>-<timestamp>)")
+                   help=f"override one config key, e.g. --set {section}.steps=200 (repeatable)")
+    p.add_argument("--out", metavar="DIR", help=f"run folder (default {default_out})")
     p.add_argument("--overwrite", action="store_true", help="reuse an --out folder that holds a finished run")
     return p
 
 
 def _run(body: Callable[[], None]) -> int:
-    from .run_search import DivergenceError
-
+    """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an exit status."""
     try:
-        body()
-    except DivergenceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_DIVERGED
+        from .run_search import DivergenceError  # inside the try: Ctrl-C may come while torch imports
+
+        try:
+            body()
+        except DivergenceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_DIVERGED
     except AutolnError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:  # a file the system refuses (permissions, full disk, ...)
+        print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -48,28 +54,46 @@ def _run(body: Callable[[], None]) -> int:
     return 0
 
 
+def _command(script: str, *args: str) -> str:
+    """A shell command line for the printed "next:" hint, using this interpreter."""
+    exe = Path(sys.executable)
+    try:
+        exe = exe.relative_to(Path.cwd())
+    except ValueError:
+        exe = Path("python")
+    return " ".join(shlex.quote(str(a)) for a in (exe, script, *args))
+
+
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
-    args = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.").parse_args(argv)
+    args = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
+                   "search", "runs/search-<timestamp>").parse_args(argv)
 
     def body() -> None:
+        import numpy as np
+
         from .config import load_config
-        from .run_search import run_search
+        from .run_search import run_search, weak_preference
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
         result = run_search(cfg, args.out or default_out_dir("search"), args.overwrite)
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
+        probs = np.array([row for e in result.genotype.probabilities for row in ([e] if isinstance(e, list) else [e["attn"], e["ffn"]])])
         print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {result.valid[headline]:.4f}\n"
-              f"wrote {result.path} ({result.wall_time_s:.1f} s)\n"
-              f"next: python retrain.py --genotype {result.path}" + (f" --config {args.config}" if args.config else ""))
+              f"wrote {result.path} ({result.wall_time_s:.1f} s)")
+        if weak_preference(probs):
+            print("note: at every site the chosen placement leads the runner-up by less than 0.05 probability: a weak "
+                  "preference (the alphas moved little). More search.steps or a larger search.arch_lr give a firmer answer.")
+        print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
     return _run(body)
 
 
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``retrain.py``; returns the exit status."""
-    p = _parser("retrain.py", "Train the derived model of a genotype (or a named baseline) from scratch.")
+    p = _parser("retrain.py", "Train the derived model of a genotype (or a named baseline) from scratch.",
+                "retrain", "runs/retrain[-<baseline>]-<timestamp>")
     p.add_argument("--genotype", required=True, metavar="FILE_OR_NAME",
                    help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln")
     args = p.parse_args(argv)
@@ -80,7 +104,9 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
-        tag = args.genotype if not Path(args.genotype).exists() else Path(args.genotype).parent.name
+        from .genotype import BASELINES
+
+        tag = args.genotype if args.genotype in BASELINES else ""
         result = run_retrain(cfg, args.genotype, args.out or default_out_dir("retrain", tag), args.overwrite)
         lines = [f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "windows")
                  for split, m in (("valid", result.valid), ("test", result.test))]

@@ -139,14 +139,32 @@ class TrainConfig:
             if not 0.0 <= b < 1.0:
                 raise ConfigError(f"{section}.betas must lie in [0, 1), got {list(self.betas)}")
         _one_of(f"{section}.device", self.device, ("auto", "cpu", "cuda"))
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"{section}.seed must be in [0, 2^32), got {self.seed}")
+
+
+ORDERS = (1, 2)
+MIXING_NAMES = ("softmax", "gumbel", "gumbel-hard", "sigmoid")
+EARLY_STOPS = ("none", "hessian")
 
 
 @dataclass
 class SearchConfig(TrainConfig):
     """Bilevel search settings (DESIGN §4): weight settings from :class:`TrainConfig`, plus
-    the architecture optimizer (DARTS defaults: Adam, lr 3e-4, betas (0.5, 0.999), weight
-    decay 1e-3, alphas initialised as ``arch_init_std * randn``) and the softmax temperature
-    ``tau`` of ``softmax(alpha / tau)``.
+
+    - the architecture optimizer (DARTS defaults: Adam, ``arch_lr`` 3e-4, ``arch_betas``
+      (0.5, 0.999), ``arch_weight_decay`` 1e-3; alphas start as ``arch_init_std * randn``);
+    - ``order``: 1 (first-order) or 2 (second-order, DARTS' unrolled step, ``xi`` = current
+      weight learning rate);
+    - ``mixing``: ``softmax`` | ``gumbel`` | ``gumbel-hard`` | ``sigmoid`` (:mod:`autoln.mixing`),
+      with temperature annealed linearly from ``tau_start`` to ``tau_end`` over ``steps``;
+    - ``zero_one_weight``: weight of Fair DARTS' zero-one loss on the alpha objective;
+    - ``arch_warmup_steps``: weights only until this step (alphas frozen);
+    - ``beta_reg_max``: beta-DARTS' lambda, rising linearly from 0 to this over ``steps``;
+    - ``sdarts_eps``: SDARTS-RS uniform noise on the mixing weights in weight steps;
+    - ``monitor_windows``: windows of the fixed D_alpha batch on which the collapse monitor
+      computes the alpha Hessian at each evaluation (0 disables the eigenvalue);
+    - ``early_stop``: ``none`` | ``hessian`` (R-DARTS rule on the monitored eigenvalue).
     """
 
     steps: int = 500
@@ -154,16 +172,34 @@ class SearchConfig(TrainConfig):
     arch_betas: tuple[float, float] = (0.5, 0.999)
     arch_weight_decay: float = 1e-3
     arch_init_std: float = 1e-3
-    tau: float = 1.0
+    order: int = 1
+    mixing: str = "softmax"
+    tau_start: float = 1.0
+    tau_end: float = 1.0
+    zero_one_weight: float = 0.0
+    arch_warmup_steps: int = 0
+    beta_reg_max: float = 0.0
+    sdarts_eps: float = 0.0
+    monitor_windows: int = 8
+    early_stop: str = "none"
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
-        for key in ("arch_lr", "tau"):
+        for key in ("arch_lr", "tau_start", "tau_end"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"search.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("arch_weight_decay", "arch_init_std"):
+        for key in ("arch_weight_decay", "arch_init_std", "zero_one_weight", "arch_warmup_steps",
+                    "beta_reg_max", "sdarts_eps", "monitor_windows"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"search.{key} must be >= 0, got {getattr(self, key)}")
+        if self.order not in ORDERS:
+            raise ConfigError(f"search.order must be 1 or 2, got {self.order}")
+        _one_of("search.mixing", self.mixing, MIXING_NAMES)
+        _one_of("search.early_stop", self.early_stop, EARLY_STOPS)
+        if self.early_stop == "hessian" and self.monitor_windows == 0:
+            raise ConfigError("search.early_stop=hessian needs search.monitor_windows > 0")
+        if self.tau_start != self.tau_end and self.mixing == "sigmoid":
+            raise ConfigError("search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal")
 
 
 @dataclass
@@ -241,10 +277,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where_in = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ConfigError(f"config file {path} is not valid YAML{where_in}: {problem}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -342,13 +383,16 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
 def _type_name(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
-        return f"a list of {_type_name(args[0])}"
+        return f"a list of {_PLURAL.get(args[0], str(args[0]))}"
     if origin is tuple:
-        return f"a list of {len(args)} {_type_name(args[0])} values"
+        return f"a list of {len(args)} {_PLURAL.get(args[0], str(args[0]))}"
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)][0]
         return f"{_type_name(inner)} or null"
     return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(tp, str(tp))
+
+
+_PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 
 
 def _positive(key: str, value: int) -> None:

@@ -203,8 +203,11 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         try:
             meta = json.loads(meta_path.read_text())
             splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
-            return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], meta["vocab"], splits, sources)
-        except (OSError, ValueError, KeyError):
+            vocab = meta["vocab"]
+            if meta["fingerprint"] == fingerprint and meta["vocab_size"] == (256 if vocab is None else len(vocab)) \
+                    and all(int(a.max(initial=0)) < meta["vocab_size"] for a in splits.values()):
+                return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], vocab, splits, sources)
+        except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged cache entry is rebuilt below
     splits, vocab = tokenize(raw, cfg.tokenizer, sources)
     vocab_size = 256 if vocab is None else len(vocab)

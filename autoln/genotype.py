@@ -152,7 +152,7 @@ class Genotype:
                 raise fail(f"model.{key}", f"expected a positive integer, got {model[key]!r}")
         if model["d_model"] % model["n_heads"]:
             raise fail("model.d_model", f"{model['d_model']} is not divisible by model.n_heads={model['n_heads']}")
-        if model["norm"] not in NORMS:
+        if not isinstance(model["norm"], str) or model["norm"] not in NORMS:
             raise fail("model.norm", f"expected one of {sorted(NORMS)}, got {model['norm']!r}")
         placements, probs = obj["placements"], obj["probabilities"]
         for name, value in (("placements", placements), ("probabilities", probs)):

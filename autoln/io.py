@@ -15,11 +15,16 @@ from typing import Any, Callable
 import torch
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give outputs the usual mode
         with os.fdopen(fd, mode) as fh:
             write(fh)
             fh.flush()

@@ -45,6 +45,7 @@ class CausalSelfAttention(nn.Module):
         return [self.v_proj.weight, self.o_proj.weight]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, d_model)`` -> ``(B, T, d_model)``; position ``t`` attends to ``<= t``."""
         b, t, d = x.shape
         h = self.n_heads
 
@@ -72,6 +73,7 @@ class FFN(nn.Module):
         return [self.fc1.weight, self.fc2.weight]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, d_model)`` -> ``(B, T, d_model)``."""
         return self.drop(self.fc2(F.gelu(self.fc1(x))))
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from .config import Config
@@ -23,11 +24,11 @@ from .errors import GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
 from .io import save_torch_atomic, write_json_atomic, write_text_atomic
 from .model import build_derived
-from .run_search import DivergenceError, genotype_markdown
+from .run_search import DivergenceError, genotype_markdown, last_checkpoint
 from .supernet import site_names
 from .tb import Logger
-from .training import (clip_and_norm, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
-                       utc_now, weight_optimizer)
+from .training import (check_out_dir, clip_and_norm, environment, evaluate, prepare_out_dir, resolve_device,
+                       seed_everything, utc_now, weight_optimizer)
 
 METRICS_FILE = "metrics.json"
 
@@ -52,8 +53,8 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     """
     if spec in BASELINES:
         return baseline(spec, cfg.model, vocab_size)
-    if not Path(spec).exists():
-        raise GenotypeError(f"--genotype {spec}: no such file, and not a baseline name (expected one of {list(BASELINES)})")
+    if not spec or not Path(spec).is_file():
+        raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name (expected a genotype.json or one of {list(BASELINES)})")
     genotype = Genotype.load(spec)
     if genotype.model["vocab_size"] != vocab_size:
         raise GenotypeError(f"{spec}: field 'model.vocab_size' is {genotype.model['vocab_size']} but the data "
@@ -74,7 +75,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     """
     started = time.perf_counter()
     rc = cfg.retrain
-    out = prepare_out_dir(out, overwrite)
+    check_out_dir(out, overwrite)
     device = resolve_device(rc.device)
     corpus = load_corpus(cfg.data)
     genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
@@ -82,6 +83,11 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     for key in (k for k in MODEL_KEYS if k != "vocab_size"):
         if getattr(cfg.model, key) != getattr(mc, key):
             print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
+    searched_on = genotype.provenance.get("data", {}).get("fingerprint_sha256") if isinstance(genotype.provenance.get("data"), dict) else None
+    if searched_on and searched_on != corpus.fingerprint:
+        print(f"note: the genotype was searched on other data ({genotype.provenance['data'].get('corpus')}); "
+              f"retraining on {corpus.name}", file=sys.stderr)
+    cfg = replace(cfg, model=mc)  # config.yaml and checkpoints record the model actually trained
     check_lengths(corpus, mc.context)
     seed_everything(rc.seed)
     train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
@@ -92,6 +98,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     n_params = sum(p.numel() for p in model.parameters())
 
+    out = prepare_out_dir(out, overwrite)
     write_text_atomic(out / "config.yaml", cfg.to_yaml())
     log = Logger(out, cfg.logging.tensorboard)
     log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
@@ -102,6 +109,12 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     headline = HEADLINE[cfg.data.tokenizer]
     print(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
           f"  model: {n_params:,} parameters, device {device}", file=sys.stderr)
+
+    def checkpoint(step: int) -> None:
+        save_torch_atomic({"kind": "retrain", "step": step, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
+                           "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                           "sampler": sampler.state_dict(),
+                           "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}}, out / "checkpoint.pt")
 
     history, valid_metrics = [], {}
     bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not cfg.logging.progress, dynamic_ncols=True)
@@ -115,7 +128,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         sched.step()
         loss_v = loss.item()
         if not math.isfinite(loss_v):
-            raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v} (try a lower retrain.lr or more retrain.warmup_steps)")
+            raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}; {last_checkpoint(out)} "
+                                  "(try a lower retrain.lr or more retrain.warmup_steps)")
         if step % cfg.logging.log_every == 0:
             log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
             log.scalar("lr/weights", sched.get_last_lr()[0], step)
@@ -124,7 +138,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
             log.scalars(valid_metrics, step, "valid")
             history.append({"step": step, **valid_metrics})
             log.flush()
-        bar.set_postfix_str(f"loss {loss_v:.3f} valid {valid_metrics.get(headline, float('nan')):.3f}")
+            checkpoint(step)
+        bar.set_postfix_str(f"loss {loss_v:.3f} valid " + (f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"))
     bar.close()
 
     final = {}
@@ -134,9 +149,6 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         final[split]["windows"] = int(len(starts))
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
     wall = time.perf_counter() - started
-    save_torch_atomic({"kind": "retrain", "step": rc.steps, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
-                       "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                       "sampler": sampler.state_dict()}, out / "checkpoint.pt")
     metrics = {
         "genotype": genotype_spec, "placements": genotype.describe(), "headline": headline,
         "valid": final["valid"], "test": final["test"], "steps": rc.steps, "seed": rc.seed,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +21,15 @@ from tqdm.auto import tqdm
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .errors import AutolnError
+from .errors import AutolnError, ConfigError
 from .genotype import Genotype, from_probabilities
 from .io import save_torch_atomic, write_text_atomic
+from .mixing import linear
+from .monitor import LAG, RATIO, CollapseMonitor
 from .supernet import Supernet
 from .tb import Logger
-from .training import environment, evaluate, prepare_out_dir, resolve_device, seed_everything, utc_now, weight_optimizer
+from .training import (check_out_dir, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
+                       utc_now, weight_optimizer)
 
 GENOTYPE_FILE = "genotype.json"
 
@@ -45,12 +48,39 @@ class SearchResult:
     wall_time_s: float
 
 
+def last_checkpoint(out: Path) -> str:
+    """How to describe the run's last checkpoint in a divergence message."""
+    ckpt = out / "checkpoint.pt"
+    return f"the last good checkpoint is {ckpt}" if ckpt.exists() else "no checkpoint was written before it (none before the first evaluation)"
+
+
+def weak_preference(probs: np.ndarray, margin: float = 0.05) -> bool:
+    """True when at every site the top probability beats the runner-up by less than ``margin``:
+    the argmax genotype is then a weak preference (e.g. alphas moved little in a short search)."""
+    top2 = np.sort(probs, axis=-1)[:, -2:]
+    return bool(probs.shape[-1] > 1 and (top2[:, 1] - top2[:, 0] < margin).all())
+
+
 def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str]) -> str:
     """A Markdown table: one row per site, its probabilities and its argmax placement."""
     head = "| site | " + " | ".join(candidates) + " | chosen |\n|---|" + "---|" * (len(candidates) + 1) + "\n"
     rows = [f"| {s} | " + " | ".join(f"{v:.3f}" for v in row) + f" | **{candidates[int(np.argmax(row))]}** |"
             for s, row in zip(sites, probs)]
     return head + "\n".join(rows)
+
+
+def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, step: int) -> dict:
+    """Update the collapse monitor at an evaluation and log ``monitor/*`` and ``entropy/<site>``;
+    returns the monitor's record. ``batch``: the fixed Hessian batch, or None."""
+    record = monitor.update(model, batch)
+    if "eigenvalue" in record:
+        log.scalar("monitor/hessian_eigenvalue", record["eigenvalue"], step)
+        log.scalar("monitor/hessian_eigenvalue_smoothed", record["eigenvalue_smoothed"], step)
+    for site, h in zip(model.site_names, record["entropy"]):
+        log.scalar(f"entropy/{site}", h, step)
+    log.scalar("monitor/mean_entropy", record["mean_entropy"], step)
+    log.scalar("monitor/genotype_changed", float(record["genotype_changed"]), step)
+    return record
 
 
 def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchResult:
@@ -66,7 +96,9 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchR
     """
     started = time.perf_counter()
     sc, mc = cfg.search, cfg.model
-    out = prepare_out_dir(out, overwrite)
+    check_out_dir(out, overwrite)
+    if len(mc.candidates) < 2:
+        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
     device = resolve_device(sc.device)
     corpus = load_corpus(cfg.data)
     check_lengths(corpus, mc.context)
@@ -77,51 +109,73 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchR
     sampler_a = WindowSampler(train, a_chunks, mc.context, sc.batch_size, seed=[sc.seed, 2])
     valid_starts = eval_starts(len(valid), mc.context, sc.eval_windows)
 
-    model = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau).to(device)
+    model = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing).to(device)
     opt_w, sched_w = weight_optimizer(model.named_weight_parameters(), sc)
     architect = Architect(model, sc)
+    monitor = CollapseMonitor()
+    monitor_batch = None
+    if sc.monitor_windows:
+        fixed = WindowSampler(train, a_chunks, mc.context, sc.monitor_windows, seed=[sc.seed, 4]).sample()
+        monitor_batch = tuple(t.to(device) for t in fixed)
 
+    out = prepare_out_dir(out, overwrite)
     write_text_atomic(out / "config.yaml", cfg.to_yaml())
     log = Logger(out, cfg.logging.tensorboard)
     log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
     log.text("data", corpus.describe())
     headline = HEADLINE[cfg.data.tokenizer]
     print(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
-          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, device {device}", file=sys.stderr)
+          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}",
+          file=sys.stderr)
 
     def checkpoint(step: int) -> None:
         save_torch_atomic({
             "kind": "search", "step": step, "config": cfg.to_dict(), "model": model.state_dict(),
             "weight_optimizer": opt_w.state_dict(), "weight_scheduler": sched_w.state_dict(),
-            "architect": architect.state_dict(),
+            "architect": architect.state_dict(), "monitor": asdict(monitor),
             "samplers": {"w": sampler_w.state_dict(), "alpha": sampler_a.state_dict()},
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
         }, out / "checkpoint.pt")
 
     valid_metrics: dict = {}
+    record: dict = {}
+    stopped_at = None
     bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not cfg.logging.progress, dynamic_ncols=True)
     for step in bar:
-        x, y = sampler_a.sample()
-        loss_a = architect.step(x.to(device), y.to(device))
-        x, y = sampler_w.sample()
-        loss_w, grad_norm = weight_step(model, opt_w, sched_w, x.to(device), y.to(device), sc.grad_clip)
-        if not (math.isfinite(loss_w) and math.isfinite(loss_a)):
+        model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
+        batch_w = tuple(t.to(device) for t in sampler_w.sample())
+        batch_a = tuple(t.to(device) for t in sampler_a.sample())
+        loss_a = float("nan")
+        if step > sc.arch_warmup_steps:
+            loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
+        loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
+        if not math.isfinite(loss_w) or (step > sc.arch_warmup_steps and not math.isfinite(loss_a)):
             raise DivergenceError(f"search diverged at step {step}: L_w={loss_w}, L_alpha={loss_a}; "
-                                  f"the last good checkpoint is {out / 'checkpoint.pt'} (try a lower search.lr or more search.warmup_steps)")
+                                  f"{last_checkpoint(out)} (try a lower search.lr or more search.warmup_steps)")
         if step % cfg.logging.log_every == 0:
-            log.scalars({"loss": loss_w, "loss_alpha": loss_a, "grad_norm": grad_norm}, step, "train")
+            log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
+            if math.isfinite(loss_a):
+                log.scalar("train/loss_alpha", loss_a, step)
             log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
             log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
+            log.scalar("search/tau", model.tau, step)
         if step % sc.eval_every == 0 or step == sc.steps:
             valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
             log.scalars(valid_metrics, step, "valid")
             probs = model.probabilities()
             log.alphas(probs, model.site_names, model.candidates, step)
             log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
+            record = monitor_step(monitor, model, monitor_batch, log, step)
             log.flush()
             checkpoint(step)
+            if sc.early_stop == "hessian" and record.get("stop"):
+                stopped_at = step
+                print(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
+                      f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
+                break
         names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-        bar.set_postfix_str(f"loss {loss_w:.3f} valid {valid_metrics.get(headline, float('nan')):.3f} [{' '.join(names)}]")
+        shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
+        bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
     bar.close()
 
     wall = time.perf_counter() - started
@@ -130,10 +184,12 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchR
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint,
                  "tokens": {k: int(len(v)) for k, v in corpus.splits.items()}},
         "packages": environment(),
-        "metrics": {"steps": sc.steps, "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics},
+        "metrics": {"steps": stopped_at or sc.steps, "stopped_early": stopped_at is not None,
+                    "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics,
+                    "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
     }
     genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance)
     path = genotype.save(out / GENOTYPE_FILE)
-    log.text("genotype", f"final: `{genotype.describe()}`\n\n" + genotype_markdown(model.probabilities(), model.site_names, model.candidates), sc.steps)
+    log.text("genotype", f"final: `{genotype.describe()}`\n\n" + genotype_markdown(model.probabilities(), model.site_names, model.candidates), stopped_at or sc.steps)
     log.close()
     return SearchResult(genotype, path, valid_metrics, wall)

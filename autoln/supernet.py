@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .mixing import MIXINGS, STOCHASTIC, Noise, draw_gumbel
 from .model import TransformerLM
 
 
@@ -33,15 +34,23 @@ class Supernet(TransformerLM):
         cfg: model dimensions, ``candidates`` and ``granularity``.
         vocab_size: number of token ids.
         arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
-        tau: softmax temperature of the mixing weights.
+        tau: temperature of the mixing function (the search anneals it by setting ``.tau``).
+        mixing: key of :data:`autoln.mixing.MIXINGS`.
+
+    Raises:
+        ValueError: unknown ``mixing``.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, arch_init_std: float = 1e-3, tau: float = 1.0) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, arch_init_std: float = 1e-3, tau: float = 1.0,
+                 mixing: str = "softmax") -> None:
+        if mixing not in MIXINGS:
+            raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
         cands = list(cfg.candidates)
         super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
         self.candidates = cands
         self.granularity = cfg.granularity
         self.tau = tau
+        self.mixing = mixing
         self.site_names = site_names(cfg.n_layers, cfg.granularity)
         self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands)))
 
@@ -57,24 +66,39 @@ class Supernet(TransformerLM):
         """Every parameter except the alphas (branch weights, norms, embeddings)."""
         return [p for _, p in self.named_weight_parameters()]
 
-    def site_weights(self) -> torch.Tensor:
-        """``softmax(alphas / tau)`` per site, shape ``(n_sites, K)`` (DARTS eq. 2)."""
-        return torch.softmax(self.alphas / self.tau, dim=-1)
+    def draw_gumbel(self) -> Noise:
+        """Gumbel noise ``(n_sites, K)`` for one training step of a stochastic mixing
+        (``gumbel``, ``gumbel-hard``) in training mode; None otherwise."""
+        if self.mixing in STOCHASTIC and self.training:
+            return draw_gumbel(self.alphas.detach())
+        return None
 
-    def mixing_weights(self) -> torch.Tensor:
-        """Per block and sublayer mixing weights ``(n_layers, 2, K)`` (layer granularity repeats a row)."""
-        w = self.site_weights()
+    def site_weights(self, gumbel: Noise = None) -> torch.Tensor:
+        """Mixing weights per site ``(n_sites, K)`` from :data:`autoln.mixing.MIXINGS`; without
+        noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
+        return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
+
+    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0) -> torch.Tensor:
+        """Per block and sublayer mixing weights ``(n_layers, 2, K)`` (layer granularity repeats
+        a row). ``noise > 0`` adds ``U(-noise, noise)`` to each site's weights (SDARTS-RS,
+        Chen & Hsieh 2020), for weight steps only."""
+        w = self.site_weights(gumbel)
+        if noise > 0:
+            w = w + torch.empty_like(w).uniform_(-noise, noise)
         if self.granularity == "layer":
             return w.unsqueeze(1).expand(-1, 2, -1)
         return w.view(-1, 2, w.shape[-1])
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, mix: torch.Tensor | None = None):
-        """As :meth:`TransformerLM.forward`, mixing with :meth:`mixing_weights` unless ``mix`` is given."""
-        return super().forward(idx, targets, self.mixing_weights() if mix is None else mix)
+        """As :meth:`TransformerLM.forward`; unless ``mix`` is given, mixes with
+        :meth:`mixing_weights` (with fresh Gumbel noise in training mode for stochastic mixings)."""
+        return super().forward(idx, targets, self.mixing_weights(self.draw_gumbel()) if mix is None else mix)
 
     def hidden_states(self, idx: torch.Tensor, mix: torch.Tensor | None = None) -> list[torch.Tensor]:
         return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
 
     def probabilities(self) -> np.ndarray:
-        """Current mixing probabilities ``(n_sites, K)`` as float64 numpy (detached)."""
-        return self.site_weights().detach().double().cpu().numpy()
+        """The genotype's probabilities ``(n_sites, K)``, float64 numpy: the relaxed weights
+        normalised per site (softmax as is; sigmoid mixing divided by its row sum)."""
+        w = self.site_weights().detach().double()
+        return (w / w.sum(-1, keepdim=True)).cpu().numpy()

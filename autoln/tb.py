@@ -55,10 +55,12 @@ class Logger:
         self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}"), step)
 
     def flush(self) -> None:
+        """Write pending events to disk."""
         if self.writer:
             self.writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file."""
         if self.writer:
             self.writer.close()
 

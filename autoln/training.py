@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import platform
 import random
 from pathlib import Path
@@ -76,29 +77,51 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
 
 
 FINISHED_MARKERS = ("genotype.json", "metrics.json")
+#: Files a run writes in its folder (besides TensorBoard event files).
+RUN_FILES = (*FINISHED_MARKERS, "checkpoint.pt", "config.yaml")
 
 
-def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
-    """Create the run folder; refuse one that holds a finished search (``genotype.json``) or
-    retrain (``metrics.json``) unless ``overwrite``: one folder holds one run.
-
-    With ``overwrite`` the old TensorBoard event files are removed so the new run's curves do
-    not mix with the old one's; other files are replaced as the new run writes them.
+def check_out_dir(out: str | Path, overwrite: bool) -> Path:
+    """Check, without touching anything, that ``out`` can hold a new run: it is a folder or can
+    be created, and it holds no finished search (``genotype.json``) or retrain
+    (``metrics.json``) unless ``overwrite`` (one folder holds one run).
 
     Raises:
-        OutputError: ``out`` is a file, or holds a finished run and ``overwrite`` is False.
+        OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
+            writable, or ``out`` holds a finished run and ``overwrite`` is False.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")
     finished = [m for m in FINISHED_MARKERS if (out / m).exists()]
-    if finished:
-        if not overwrite:
-            raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); "
-                              "choose another folder or pass --overwrite")
-        for f in out.glob("events.out.tfevents.*"):
-            f.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    if finished and not overwrite:
+        raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); choose another folder or pass --overwrite")
+    ancestor = out.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"--out {out}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {out}: {ancestor} is not writable")
+    return out
+
+
+def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
+    """Create the run folder after :func:`check_out_dir`; call it once the inputs are known to
+    be good, so bad input leaves no folder behind. With ``overwrite`` the previous run's files
+    (:data:`RUN_FILES` and event files) are removed first, so the folder never mixes two runs.
+
+    Raises:
+        OutputError: as :func:`check_out_dir`, or the folder cannot be created.
+    """
+    out = check_out_dir(out, overwrite)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            for f in [*(out / name for name in RUN_FILES), *out.glob("events.out.tfevents.*")]:
+                f.unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
     return out
 
 

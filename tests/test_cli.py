@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autoln.genotype import Genotype
@@ -110,7 +111,7 @@ def test_retrain_bad_genotype(tmp_path):
     bad.write_text('{"format": "autoln.genotype"}')
     proc = run("retrain.py", "--genotype", str(bad), "--config", TINY, "--out", str(tmp_path / "o"), cache=str(tmp_path / "c"), check=False)
     assert proc.returncode == 2 and "field 'version'" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run("retrain.py", "--genotype", "all-sandwich", "--config", TINY, cache=str(tmp_path / "c"), check=False)
+    proc = run("retrain.py", "--genotype", "all-sandwich", "--config", TINY, "--out", str(tmp_path / "o2"), cache=str(tmp_path / "c"), check=False)
     assert proc.returncode == 2 and "all-sandwich" in proc.stderr
 
 
@@ -128,3 +129,58 @@ def test_wikitext2_search_and_retrain(tmp_path, tokenizer, metric):
     assert m["valid"][metric] > 0 and m["data"]["tokenizer"] == tokenizer
     if tokenizer == "words":
         assert m["valid"]["perplexity"] < 33_278 * 2
+
+
+@pytest.mark.parametrize("sets", [
+    ["search.order=2"],
+    ["search.mixing=gumbel", "search.tau_start=5", "search.tau_end=0.5"],
+    ["search.mixing=gumbel-hard", "search.tau_start=5", "search.tau_end=0.5"],
+    ["search.mixing=sigmoid", "search.zero_one_weight=10"],
+    ["search.arch_warmup_steps=20", "search.beta_reg_max=5", "search.sdarts_eps=0.03", "search.early_stop=hessian",
+     "model.granularity=sublayer"],
+], ids=["order2", "gumbel", "gumbel-hard", "sigmoid", "regularised"])
+def test_search_options_run_to_a_valid_genotype(tmp_path, sets):
+    args = [a for s in sets for a in ("--set", s)]
+    run("search.py", "--config", TINY, *args, "--out", str(tmp_path / "s"), cache=str(tmp_path / "c"))
+    g = Genotype.load(tmp_path / "s" / "genotype.json")
+    assert len(g.placements) == 2
+    metrics = g.provenance["metrics"]
+    assert len(metrics["site_entropy"]) == (4 if "model.granularity=sublayer" in sets else 2)
+    assert all(0 <= h <= np.log(3) + 1e-9 for h in metrics["site_entropy"])
+    assert len(metrics["hessian_eigenvalues"]) == 2
+    acc = event_tags(tmp_path / "s")
+    tags = set(acc.Tags()["scalars"])
+    assert {"monitor/hessian_eigenvalue", "monitor/mean_entropy", "monitor/genotype_changed", "search/tau"} <= tags
+    if "search.tau_start=5" in sets:
+        taus = acc.Scalars("search/tau")
+        assert taus[0].value == pytest.approx(5 - 4.5 * (taus[0].step - 1) / 100)
+        assert taus[-1].value == pytest.approx(5 - 4.5 * 99 / 100)
+
+
+def test_bad_input_leaves_no_folder_and_overwrite_keeps_old_run_until_inputs_are_good(tmp_path, searched):
+    root, cache, _ = searched
+    fresh = tmp_path / "never"
+    proc = run("search.py", "--config", TINY, "--set", "model.candidates=[pre]", "--out", str(fresh), cache=cache, check=False)
+    assert proc.returncode == 2 and "at least two candidates" in proc.stderr and not fresh.exists()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    before = {p.name: p.read_bytes() for p in (root / "search").iterdir()}
+    proc = run("search.py", "--config", TINY, "--set", f"data.corpus={empty}", "--out", str(root / "search"), "--overwrite",
+               cache=cache, check=False)
+    assert proc.returncode == 2 and "empty" in proc.stderr
+    assert {p.name: p.read_bytes() for p in (root / "search").iterdir()} == before
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = run("search.py", "--config", TINY, "--out", str(afile / "sub"), cache=cache, check=False)
+    assert proc.returncode == 2 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_retrain_config_records_the_trained_model(searched):
+    import yaml
+
+    root, cache, _ = searched
+    out = root / "retrain-cfg"
+    run("retrain.py", "--genotype", str(root / "search" / "genotype.json"), "--out", str(out), "--set", "retrain.steps=2",
+        "--set", "retrain.eval_every=1", "--set", "retrain.final_eval_windows=2", "--set", "retrain.eval_windows=2", cache=cache)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["model"]["n_layers"] == 2 and saved["model"]["d_model"] == 32  # the genotype's, not the default 6 x 96

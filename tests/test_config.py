@@ -46,9 +46,13 @@ def test_overrides_and_types(tmp_path):
     (["search.lr=-1"], "search.lr"),
     (["search.steps"], "section.key=value"),
     (["data.arch_fraction=1.0"], "data.arch_fraction"),
+    (["search.seed=-5"], "search.seed"),
+    (["retrain.seed=99999999999999999999"], "retrain.seed"),
+    (["search.betas=[0.9]"], "search.betas' .* must be a list of 2 numbers"),
+    (["model.candidates=pre"], "model.candidates' .* must be a list of strings"),
 ])
 def test_bad_values_name_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key.replace("search.betas'", r"search\.betas'").replace("model.candidates'", r"model\.candidates'")):
         load_config(None, overrides)
 
 
@@ -63,3 +67,10 @@ def test_unknown_key_in_file_names_key_and_file(tmp_path):
         load_config(f)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.yaml")
+    f.write_bytes(b"\xff\xfemodel: 1")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(f)
+    f.write_text("model:\n  n_layers: 2\n d_model: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f)
+    assert "not valid YAML at line 3" in str(err.value) and "\n" not in str(err.value)

@@ -61,6 +61,7 @@ def _mutate(obj, path, value):
     (["model", "n_layers"], 4, "placements"),
     (["model", "d_model"], "16", "model.d_model"),
     (["model", "norm"], "batchnorm", "model.norm"),
+    (["model", "norm"], ["layernorm"], "model.norm"),
     (["model", "vocab_size"], KeyError, "model.vocab_size"),
     (["provenance"], KeyError, "provenance"),
     (["placements"], KeyError, "placements"),

@@ -116,7 +116,7 @@ def test_alpha_step_changes_only_alphas_and_weight_step_only_weights(tiny_model_
         return {k: v.clone() for k, v in net.state_dict().items()}
 
     before = snapshot()
-    architect.step(x, y)
+    architect.step((x, y), (x, y), xi=0.05, step=1)
     after = snapshot()
     assert not torch.equal(before["alphas"], after["alphas"])
     assert all(torch.equal(before[k], after[k]) for k in before if k != "alphas")

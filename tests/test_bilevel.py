@@ -1,0 +1,236 @@
+"""Bilevel optimisation: exact second order, mixing functions, warm-up, regularisers, monitor."""
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from autoln.architect import Architect, weight_step
+from autoln.config import ModelConfig, SearchConfig
+from autoln.mixing import MIXINGS, beta_regulariser, draw_gumbel, linear, site_entropy, zero_one_loss
+from autoln.monitor import CollapseMonitor, alpha_hessian, max_eigenvalue
+from autoln.supernet import Supernet
+from autoln.training import weight_optimizer
+
+VOCAB = 11
+
+
+def _tiny(dtype=torch.float64):
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_ff=16, context=6)
+    net = Supernet(cfg, VOCAB, arch_init_std=0.5).to(dtype)
+    return net
+
+
+def _batch(n=4, t=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, VOCAB, (n, t), generator=g)
+    return x, torch.roll(x, -1, 1)
+
+
+def _exact_unrolled_gradient(net, batch_w, batch_a, xi):
+    """d/d alpha of L_alpha(w - xi grad_w L_w(w, alpha), alpha), by autograd through the step."""
+    names = [n for n, _ in net.named_weight_parameters()]
+    w = {n: p.detach().clone().requires_grad_() for n, p in net.named_weight_parameters()}
+    a = net.alphas.detach().clone().requires_grad_()
+    with sdpa_kernel(SDPBackend.MATH):
+        loss_w = functional_call(net, {**w, "alphas": a}, batch_w)[1]
+        grads = torch.autograd.grad(loss_w, [w[n] for n in names], create_graph=True)
+        w1 = {n: w[n] - xi * g for n, g in zip(names, grads)}
+        loss_a = functional_call(net, {**w1, "alphas": a}, batch_a)[1]
+        (g_alpha,) = torch.autograd.grad(loss_a, [a])
+    return g_alpha
+
+
+def test_second_order_gradient_matches_autograd_through_the_step():
+    net = _tiny()
+    cfg = SearchConfig(order=2)
+    arch = Architect(net, cfg)
+    batch_w, batch_a = _batch(seed=1), _batch(seed=2)
+    xi = 0.5
+    _, g2 = arch.gradient(batch_w, batch_a, xi, step=1)
+    exact = _exact_unrolled_gradient(net, batch_w, batch_a, xi)
+    cos = torch.nn.functional.cosine_similarity(g2.flatten(), exact.flatten(), dim=0).item()
+    rel = ((g2 - exact).norm() / exact.norm()).item()
+    assert cos >= 0.99 and rel <= 0.05, (cos, rel)
+    # and the second-order term matters here: the first-order gradient is far off
+    _, g1 = Architect(net, SearchConfig(order=1)).gradient(batch_w, batch_a, xi, step=1)
+    assert ((g1 - exact).norm() / exact.norm()).item() > 0.2
+
+
+def test_finite_difference_uses_parenthesised_two_eps():
+    # the known public bug divides by 2 and multiplies by eps; a linear-in-eps check catches it
+    net = _tiny()
+    arch = Architect(net, SearchConfig(order=2))
+    batch_w, batch_a = _batch(seed=1), _batch(seed=2)
+    backup = [p.detach().clone() for p in net.weight_parameters()]
+    v = [torch.randn_like(p) for p in backup]
+    hvp = arch.hessian_vector_product(backup, v, batch_w)
+    arch.restore(backup)
+    # exact mixed second derivative by double backward: grad_alpha (grad_w L_w . v)
+    with sdpa_kernel(SDPBackend.MATH):
+        weights = net.weight_parameters()
+        gw = torch.autograd.grad(net(*batch_w)[1], weights, create_graph=True)
+        dot = sum((g * d).sum() for g, d in zip(gw, v))
+        (ref,) = torch.autograd.grad(dot, [net.alphas])
+    torch.testing.assert_close(hvp, ref, rtol=2e-2, atol=1e-4 * ref.abs().max().item())
+
+
+def test_virtual_step_changes_weights_and_everything_is_restored_bitwise():
+    net = _tiny()
+    cfg = SearchConfig(order=2, lr=0.1, warmup_steps=0)
+    opt, sched = weight_optimizer(net.named_weight_parameters(), cfg)
+    arch = Architect(net, cfg)
+    batch_w, batch_a = _batch(seed=1), _batch(seed=2)
+    weight_step(net, opt, sched, *batch_w, grad_clip=1.0)  # give the optimizer some state
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    opt_before = {i: {k: v.clone() for k, v in s.items()} for i, s in enumerate(opt.state.values())}
+
+    grads = torch.autograd.grad(net(*batch_w)[1], net.weight_parameters())
+    backup = arch.virtual_step(batch_w, xi=0.1)
+    for (name, p), g, b in zip(net.named_weight_parameters(), grads, backup):
+        assert torch.equal(b, before[name])
+        torch.testing.assert_close(p.detach(), b - 0.1 * g)
+    assert any(not torch.equal(p.detach(), b) for p, b in zip(net.weight_parameters(), backup))
+    arch.restore(backup)
+
+    arch.step(batch_w, batch_a, xi=0.1, step=1)
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k != "alphas")
+    assert not torch.equal(before["alphas"], after["alphas"])
+    for i, s in enumerate(opt.state.values()):
+        assert all(torch.equal(opt_before[i][k], v) for k, v in s.items())
+
+
+def test_gumbel_hard_is_one_hot_forward_and_soft_backward():
+    torch.manual_seed(3)
+    alphas = torch.randn(5, 3, requires_grad=True)
+    w = MIXINGS["gumbel-hard"](alphas, 0.7, draw_gumbel(alphas))
+    assert torch.equal(w.detach().sum(-1), torch.ones(5))
+    assert set(w.detach().flatten().tolist()) == {0.0, 1.0}
+    (w * torch.arange(3.0)).sum().backward()
+    assert alphas.grad is not None and alphas.grad.abs().sum() > 0
+    # without noise: the relaxed softmax(alpha / tau)
+    torch.testing.assert_close(MIXINGS["gumbel-hard"](alphas, 0.7, None), torch.softmax(alphas / 0.7, -1))
+    # the search model draws noise only in training steps of stochastic mixings
+    net = Supernet(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_ff=8, context=4), VOCAB, mixing="gumbel-hard")
+    assert net.draw_gumbel() is not None and net.eval().draw_gumbel() is None
+
+
+def test_gumbel_soft_with_noise():
+    alphas = torch.tensor([[0.0, 1.0, 2.0]])
+    g = torch.tensor([[0.5, -0.5, 0.0]])
+    torch.testing.assert_close(MIXINGS["gumbel"](alphas, 2.0, g), torch.softmax((alphas + g) / 2.0, -1))
+
+
+def test_temperature_schedule():
+    assert linear(5.0, 0.5, 0, 100) == 5.0
+    assert linear(5.0, 0.5, 50, 100) == pytest.approx(2.75)
+    assert linear(5.0, 0.5, 100, 100) == 0.5
+    assert linear(5.0, 0.5, 150, 100) == 0.5
+
+
+def test_zero_one_loss_values():
+    # sigmoid(0) = 0.5 -> 0; sigmoid(-inf) = 0 and sigmoid(+inf) = 1 -> -0.25
+    assert zero_one_loss(torch.zeros(3, 3)).item() == 0.0
+    assert zero_one_loss(torch.full((2, 3), -1e4)).item() == pytest.approx(-0.25)
+    assert zero_one_loss(torch.full((2, 3), 1e4)).item() == pytest.approx(-0.25)
+    a = torch.tensor([[0.0, 1e4], [-1e4, 0.0]])
+    assert zero_one_loss(a).item() == pytest.approx(-0.125)
+
+
+def test_beta_regulariser_and_entropy_values():
+    a = torch.zeros(4, 3)
+    assert beta_regulariser(a).item() == pytest.approx(np.log(3))
+    assert site_entropy(torch.full((2, 4), 0.25)).tolist() == pytest.approx([np.log(4)] * 2)
+    assert site_entropy(torch.tensor([[1.0, 0.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_sigmoid_mixing_weights_and_probabilities():
+    net = Supernet(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_ff=8, context=4), VOCAB, mixing="sigmoid")
+    with torch.no_grad():
+        net.alphas.copy_(torch.tensor([[0.0, 2.0, -2.0]]))
+    s = torch.sigmoid(torch.tensor([0.0, 2.0, -2.0]))
+    torch.testing.assert_close(net.site_weights()[0].detach(), s)
+    assert net.probabilities()[0] == pytest.approx((s / s.sum()).double().numpy())
+
+
+def test_arch_warmup_keeps_alphas_then_moves_them(tmp_path):
+    from autoln.config import load_config
+    from autoln.run_search import run_search
+
+    cfg = load_config(None, ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.context=16",
+                             f"data.corpus={_corpus(tmp_path)}", f"data.cache_dir={tmp_path / 'c'}", "search.steps=6",
+                             "search.eval_every=3", "search.arch_warmup_steps=3", "search.batch_size=2", "search.eval_windows=2",
+                             "search.arch_lr=0.1", "search.monitor_windows=2", "logging.progress=false", "logging.tensorboard=false"])
+    run_search(cfg, tmp_path / "run")
+    ckpts = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    torch.manual_seed(cfg.search.seed)
+    init = Supernet(cfg.model, 256, cfg.search.arch_init_std).alphas.detach()
+    # the checkpoint at step 6 has moved alphas; re-run to step 3 only to see them untouched
+    assert not torch.allclose(ckpts["model"]["alphas"], init)
+    cfg.search.steps = 3
+    run_search(cfg, tmp_path / "run3")
+    at3 = torch.load(tmp_path / "run3" / "checkpoint.pt", weights_only=False)["model"]["alphas"]
+    assert torch.equal(at3, init)
+
+
+def _corpus(tmp_path):
+    f = tmp_path / "text.txt"
+    f.write_text("".join(f"the quick brown fox {i % 7} jumps over the lazy dog {i % 5}\n" for i in range(400)))
+    return f
+
+
+def test_hessian_eigenvalue_matches_finite_difference():
+    net = _tiny()
+    x, y = _batch(seed=4)
+    lam = max_eigenvalue(alpha_hessian(net, x, y))
+    a0 = net.alphas.detach().clone()
+    n, h = a0.numel(), 1e-4
+
+    def grad_at(a):
+        with torch.no_grad():
+            net.alphas.copy_(a)
+        net.eval()
+        (g,) = torch.autograd.grad(net(x, y)[1], [net.alphas])
+        return g.flatten()
+
+    fd = np.zeros((n, n))
+    for i in range(n):
+        e = torch.zeros(n, dtype=a0.dtype)
+        e[i] = h
+        fd[i] = ((grad_at(a0 + e.view_as(a0)) - grad_at(a0 - e.view_as(a0))) / (2 * h)).numpy()
+    with torch.no_grad():
+        net.alphas.copy_(a0)
+    ref = np.linalg.eigvalsh(0.5 * (fd + fd.T))[-1]
+    assert lam == pytest.approx(ref, rel=0.01)
+    assert abs(ref) > 1e-6
+
+
+def test_r_darts_rule():
+    m = CollapseMonitor()
+    m.smoothed = [1.0, 1.0, 1.0, 1.0]
+    assert not m.should_stop()
+    m.smoothed.append(1.29)
+    assert not m.should_stop()
+    m.smoothed.append(1.31)  # 1.31 / smoothed 4 evaluations before (1.0) > 1.3
+    assert m.should_stop()
+
+
+def test_monitor_records_entropy_eigenvalue_and_genotype_change():
+    net = _tiny()
+    m = CollapseMonitor()
+    with torch.no_grad():
+        net.alphas.zero_()
+        net.alphas[:, 0] = 1.0
+    first = m.update(net, _batch(seed=4))
+    assert first["genotype"] == [0] * net.alphas.shape[0] and not first["genotype_changed"]
+    p = np.exp([1.0, 0.0, 0.0]) / np.exp([1.0, 0.0, 0.0]).sum()
+    assert first["entropy"] == pytest.approx([-(p * np.log(p)).sum()] * net.alphas.shape[0])
+    assert first["eigenvalue"] == pytest.approx(max_eigenvalue(alpha_hessian(net, *_batch(seed=4))))
+    with torch.no_grad():
+        net.alphas[0, 2] = 5.0
+    second = m.update(net)
+    assert second["genotype_changed"] and second["genotype"][0] == 2 and "eigenvalue" not in second
+    assert len(m.eigenvalues) == 1 and len(m.genotypes) == 2
