@@ -234,3 +234,14 @@ def test_monitor_records_entropy_eigenvalue_and_genotype_change():
     second = m.update(net)
     assert second["genotype_changed"] and second["genotype"][0] == 2 and "eigenvalue" not in second
     assert len(m.eigenvalues) == 1 and len(m.genotypes) == 2
+
+
+def test_sdarts_noise_is_uniform_within_eps_and_only_where_asked():
+    torch.manual_seed(0)
+    net = Supernet(ModelConfig(n_layers=3, d_model=8, n_heads=2, d_ff=8, context=4), VOCAB)
+    clean = net.mixing_weights()
+    noisy = net.mixing_weights(noise=0.03)
+    diff = (noisy - clean).detach()
+    assert diff.abs().max() <= 0.03 and diff.abs().max() > 0.01
+    assert torch.equal(diff[:, 0], diff[:, 1])  # one draw per site, shared by its two sublayers
+    assert torch.equal(net.mixing_weights(), clean)  # no noise unless asked (alpha steps, evaluation)
