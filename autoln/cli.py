@@ -32,7 +32,7 @@ def _parser(prog: str, description: str, section: str, default_out: str) -> argp
     return p
 
 
-def _run(body: Callable[[], None]) -> int:
+def guarded(body: Callable[[], None]) -> int:
     """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an exit status."""
     try:
         from .run_search import DivergenceError  # inside the try: Ctrl-C may come while torch imports
@@ -70,8 +70,6 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
                    "search", "runs/search-<timestamp>").parse_args(argv)
 
     def body() -> None:
-        import numpy as np
-
         from .config import load_config
         from .run_search import run_search, weak_preference
         from .training import default_out_dir
@@ -79,15 +77,14 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = load_config(args.config, args.overrides)
         result = run_search(cfg, args.out or default_out_dir("search"), args.overwrite)
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
-        probs = np.array([row for e in result.genotype.probabilities for row in ([e] if isinstance(e, list) else [e["attn"], e["ffn"]])])
         print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {result.valid[headline]:.4f}\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
-        if weak_preference(probs):
+        if weak_preference(result.genotype.site_probabilities()):
             print("note: at every site the chosen placement leads the runner-up by less than 0.05 probability: a weak "
                   "preference (the alphas moved little). More search.steps or a larger search.arch_lr give a firmer answer.")
         print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
-    return _run(body)
+    return guarded(body)
 
 
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -112,4 +109,4 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
 
-    return _run(body)
+    return guarded(body)

@@ -127,12 +127,8 @@ class TrainConfig:
     def validate(self, section: str) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_windows"):
             _positive(f"{section}.{key}", getattr(self, key))
-        for key in ("lr",):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{section}.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("weight_decay", "grad_clip", "warmup_steps"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{section}.{key} must be >= 0, got {getattr(self, key)}")
+        _above_zero(self, section, ("lr",))
+        _non_negative(self, section, ("weight_decay", "grad_clip", "warmup_steps"))
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"{section}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         for b in self.betas:
@@ -185,13 +181,9 @@ class SearchConfig(TrainConfig):
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
-        for key in ("arch_lr", "tau_start", "tau_end"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"search.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("arch_weight_decay", "arch_init_std", "zero_one_weight", "arch_warmup_steps",
-                    "beta_reg_max", "sdarts_eps", "monitor_windows"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"search.{key} must be >= 0, got {getattr(self, key)}")
+        _above_zero(self, section, ("arch_lr", "tau_start", "tau_end"))
+        _non_negative(self, section, ("arch_weight_decay", "arch_init_std", "zero_one_weight", "arch_warmup_steps",
+                                      "beta_reg_max", "sdarts_eps", "monitor_windows"))
         if self.order not in ORDERS:
             raise ConfigError(f"search.order must be 1 or 2, got {self.order}")
         _one_of("search.mixing", self.mixing, MIXING_NAMES)
@@ -312,20 +304,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Rebuild a :class:`Config` from :meth:`Config.to_dict` output (e.g. a checkpoint).
-
-    Raises:
-        ConfigError: as :func:`load_config`.
-    """
-    cfg = Config()
-    for section, values in raw.items():
-        for key, value in (values or {}).items():
-            _assign(cfg, f"{section}.{key}", value, "saved config")
-    cfg.validate()
-    return cfg
-
-
 # --- helpers -----------------------------------------------------------------------------
 
 
@@ -398,6 +376,18 @@ _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 def _positive(key: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(f"{key} must be a positive integer, got {value}")
+
+
+def _above_zero(obj: Any, section: str, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if not getattr(obj, key) > 0:
+            raise ConfigError(f"{section}.{key} must be > 0, got {getattr(obj, key)}")
+
+
+def _non_negative(obj: Any, section: str, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if getattr(obj, key) < 0:
+            raise ConfigError(f"{section}.{key} must be >= 0, got {getattr(obj, key)}")
 
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:

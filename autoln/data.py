@@ -62,6 +62,7 @@ class Corpus:
     sources: dict[str, str]
 
     def describe(self) -> str:
+        """One line: name, tokeniser, vocabulary size and tokens per split."""
         sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits.items())
         return f"{self.name} ({self.tokenizer}, vocab {self.vocab_size:,}; tokens: {sizes})"
 

@@ -53,6 +53,12 @@ class Genotype:
         """Per block ``(attention placement, FFN placement)``; length ``model["n_layers"]``."""
         return [(p, p) if isinstance(p, str) else (p["attn"], p["ffn"]) for p in self.placements]
 
+    def site_probabilities(self) -> np.ndarray:
+        """The probabilities as a float64 array ``(n_sites, K)``, rows in the order of
+        :func:`autoln.supernet.site_names` (block ``i``'s attention row before its FFN row)."""
+        rows = [row for e in self.probabilities for row in ([e] if isinstance(e, list) else [e["attn"], e["ffn"]])]
+        return np.asarray(rows, dtype=np.float64)
+
     def model_config(self, base: ModelConfig | None = None) -> ModelConfig:
         """A :class:`ModelConfig` with this genotype's dimensions; other fields (dropout) from
         ``base``. Raises ConfigError if the dimensions are inconsistent."""

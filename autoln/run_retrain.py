@@ -83,10 +83,10 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     for key in (k for k in MODEL_KEYS if k != "vocab_size"):
         if getattr(cfg.model, key) != getattr(mc, key):
             print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
-    searched_on = genotype.provenance.get("data", {}).get("fingerprint_sha256") if isinstance(genotype.provenance.get("data"), dict) else None
-    if searched_on and searched_on != corpus.fingerprint:
-        print(f"note: the genotype was searched on other data ({genotype.provenance['data'].get('corpus')}); "
-              f"retraining on {corpus.name}", file=sys.stderr)
+    searched_on = genotype.provenance.get("data")
+    if isinstance(searched_on, dict) and searched_on.get("fingerprint_sha256") not in (None, corpus.fingerprint):
+        print(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
+              file=sys.stderr)
     cfg = replace(cfg, model=mc)  # config.yaml and checkpoints record the model actually trained
     check_lengths(corpus, mc.context)
     seed_everything(rc.seed)
@@ -103,7 +103,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     log = Logger(out, cfg.logging.tensorboard)
     log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
     sites = site_names(mc.n_layers, genotype.granularity)
-    probs = np.array([row for entry in genotype.probabilities for row in ([entry] if isinstance(entry, list) else [entry["attn"], entry["ffn"]])])
+    probs = genotype.site_probabilities()
     log.alphas(probs, sites, genotype.candidates, 0)
     log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
     headline = HEADLINE[cfg.data.tokenizer]

@@ -173,9 +173,10 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchR
                 print(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
                       f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
                 break
-        names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-        shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
-        bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
+        if cfg.logging.progress:
+            names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
+            shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
+            bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
     bar.close()
 
     wall = time.perf_counter() - started

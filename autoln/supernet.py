@@ -95,6 +95,8 @@ class Supernet(TransformerLM):
         return super().forward(idx, targets, self.mixing_weights(self.draw_gumbel()) if mix is None else mix)
 
     def hidden_states(self, idx: torch.Tensor, mix: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """As :meth:`TransformerLM.hidden_states` (``n_layers + 1`` tensors ``(B, T, d_model)``),
+        mixing with the deterministic relaxed weights unless ``mix`` is given."""
         return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
 
     def probabilities(self) -> np.ndarray:

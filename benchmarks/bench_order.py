@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from autoln.architect import Architect, weight_step
-from autoln.cli import _run
+from autoln.cli import guarded
 from autoln.config import load_config
 from autoln.supernet import Supernet
 from autoln.training import weight_optimizer
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             print(f"order 2: {med[2] * 1e3:8.1f} ms/iteration")
             print(f"ratio order2/order1: {result['ratio']:.2f} (target <= 3.0)")
 
-    return _run(body)
+    return guarded(body)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autoln.cli import _run
+from autoln.cli import guarded
 from autoln.config import load_config
 from autoln.genotype import Genotype
 from autoln.run_search import run_search
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                 print(f"{v} seed {s}: {result.genotype.describe()} ({result.wall_time_s:.0f} s)", file=sys.stderr)
         print(report(out, variants, seeds))
 
-    return _run(body)
+    return guarded(body)
 
 
 if __name__ == "__main__":
