@@ -1,6 +1,7 @@
 """Command lines of ``search.py`` and ``retrain.py``.
 
 ``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
+``python search.py --tune [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
@@ -66,8 +67,14 @@ def _command(script: str, *args: str) -> str:
 
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
-    args = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
-                   "search", "runs/search-<timestamp>").parse_args(argv)
+    p = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
+                "search", "runs/search-<timestamp>; with --tune runs/tune-<tune.study_name>")
+    p.add_argument("--tune", action="store_true",
+                   help="run the Optuna outer loop (section tune): each trial is one search; re-running resumes the study")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="with --tune: worker processes on this machine (default 1)")
+    args = p.parse_args(argv)
+    if args.workers != 1 and not args.tune:
+        p.error("--workers needs --tune")
 
     def body() -> None:
         from .config import load_config
@@ -75,6 +82,8 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
+        if args.tune:
+            return _tune(cfg, args)
         result = run_search(cfg, args.out or default_out_dir("search"), args.overwrite)
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
         print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {result.valid[headline]:.4f}\n"
@@ -85,6 +94,26 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
     return guarded(body)
+
+
+def _tune(cfg, args) -> None:
+    """``search.py --tune``: run or resume the study, print where its report is."""
+    from .tune import run_tune
+
+    out = Path(args.out) if args.out else Path("runs") / f"tune-{cfg.tune.study_name}"
+    result = run_tune(cfg, out, args.workers, args.overwrite)
+    c = result.census
+    print(f"study {cfg.tune.study_name}: {c.finished}/{cfg.tune.n_trials} finished trials ({result.wall_time_s:.1f} s)")
+    if result.best_number is not None:
+        print(f"best: trial {result.best_number}, score {result.best_value:.4f} -> {out / 'best_genotype.json'}")
+    else:
+        print("no trial completed: no best genotype (see trials.md for each trial's reason)")
+    print(f"wrote {out / 'trials.md'}, {out / 'trials.csv'}, {out / 'plots'}")
+    if c.finished < cfg.tune.n_trials:
+        print("note: the study is not finished (a worker died?); re-run the same command to finish it")
+    elif result.best_number is not None:
+        best = out / "best_genotype.json"
+        print("next: " + _command("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:

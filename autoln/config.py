@@ -1,8 +1,9 @@
 """Configuration: one dataclass per section, loaded from YAML with ``--set`` overrides.
 
-A config file has the sections ``data``, ``model``, ``search``, ``retrain`` and ``logging``
-(every section and key is optional; missing ones take the defaults below, which are the CPU
-defaults of ``configs/search.yaml``). One file serves both ``search.py`` and ``retrain.py``.
+A config file has the sections ``data``, ``model``, ``search``, ``retrain``, ``tune`` and
+``logging`` (every section and key is optional; missing ones take the defaults below, which are
+the CPU defaults of ``configs/search.yaml``). One file serves ``search.py`` (and its ``--tune``
+outer loop) and ``retrain.py``.
 
 Overrides are ``section.key=value`` strings whose value is parsed as YAML, e.g.
 ``--set search.steps=200`` or ``--set model.candidates=[pre,post]``.
@@ -13,6 +14,7 @@ Errors: every problem raises :class:`autoln.errors.ConfigError` naming the key
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -210,6 +212,87 @@ class RetrainConfig(TrainConfig):
             _positive("retrain.final_eval_windows", self.final_eval_windows)
 
 
+DISTRIBUTIONS = ("log-uniform", "uniform", "int", "categorical")
+TUNABLE_SECTIONS = ("data", "model", "search", "retrain")
+#: Keys a study may not tune: they change what the score measures (data, splits, the windows it
+#: is computed on), where it runs, or are set by the tuner itself (``tune.proxy_steps``).
+UNTUNABLE = ("data.corpus", "data.tokenizer", "data.valid_fraction", "data.test_fraction", "data.cache_dir",
+             "search.device", "retrain.device", "retrain.steps", "retrain.final_eval_windows")
+SCORES = ("proxy_retrain", "supernet")
+PRUNERS = ("median", "hyperband", "none")
+SAMPLERS = ("tpe", "random")
+
+
+def _default_space() -> dict[str, dict]:
+    return {
+        "search.arch_lr": {"log-uniform": [1.0e-4, 3.0e-2]},
+        "search.lr": {"log-uniform": [5.0e-4, 5.0e-3]},
+        "search.arch_warmup_steps": {"int": [0, 100], "step": 25},
+        "search.tau_start": {"log-uniform": [0.5, 5.0]},
+        "search.beta_reg_max": {"uniform": [0.0, 10.0]},
+        "search.order": {"categorical": [1, 2]},
+    }
+
+
+@dataclass
+class TuneConfig:
+    """The Optuna outer loop of ``search.py --tune`` (DESIGN §5).
+
+    - ``n_trials``: cap on the study's finished trials (complete, pruned or failed by their
+      own error), across every worker and machine; trials lost with a killed worker do not
+      count and are re-run (at most ``max_retry`` times each).
+    - ``score``: what a trial minimises: ``proxy_retrain`` (the derived genotype's valid loss,
+      in the headline unit, after a ``proxy_steps``-step retrain with the ``retrain``
+      settings) or ``supernet`` (the supernet's final valid loss).
+    - ``pruner``: ``median`` | ``hyperband`` | ``none``, fed the valid loss at every
+      evaluation of the search and of the proxy retrain; ``startup_trials``: trials before
+      the median pruner or TPE act.
+    - ``sampler``: ``tpe`` (multivariate, constant liar) | ``random``; seeded with
+      ``seed + rank`` where a worker's rank is ``rank_offset`` plus its index on this machine.
+    - ``storage``: ``null`` (Optuna's journal file ``study.journal`` in the study folder) or an
+      RDB URL (``sqlite:///tune.db``, ``postgresql://user@host/db``); ``study_name`` names the
+      study in it. RDB storages use a heartbeat every ``heartbeat_interval`` s; a trial
+      silent for ``grace_period`` s is failed and re-run.
+    - ``space``: ``{"section.key": {distribution: [low, high]}}`` with distribution
+      ``log-uniform`` | ``uniform`` | ``int`` (optional ``step``) | ``categorical`` (a list of
+      choices); keys are any ``data``/``model``/``search``/``retrain`` key.
+    """
+
+    n_trials: int = 20
+    score: str = "proxy_retrain"
+    proxy_steps: int = 200
+    pruner: str = "median"
+    sampler: str = "tpe"
+    startup_trials: int = 5
+    seed: int = 0
+    rank_offset: int = 0
+    storage: Optional[str] = None
+    study_name: str = "autoln"
+    heartbeat_interval: int = 10
+    grace_period: int = 60
+    max_retry: int = 2
+    space: dict[str, dict] = field(default_factory=_default_space)
+
+    def validate(self) -> None:
+        for key in ("n_trials", "proxy_steps", "heartbeat_interval", "grace_period"):
+            _positive(f"tune.{key}", getattr(self, key))
+        _non_negative(self, "tune", ("startup_trials", "max_retry", "rank_offset"))
+        _one_of("tune.score", self.score, SCORES)
+        _one_of("tune.pruner", self.pruner, PRUNERS)
+        _one_of("tune.sampler", self.sampler, SAMPLERS)
+        if not 0 <= self.seed < 2**31:
+            raise ConfigError(f"tune.seed must be in [0, 2^31), got {self.seed}")
+        if self.grace_period <= self.heartbeat_interval:
+            raise ConfigError(f"tune.grace_period ({self.grace_period}) must exceed tune.heartbeat_interval ({self.heartbeat_interval})")
+        if self.storage is not None and "://" not in self.storage:
+            raise ConfigError(f"tune.storage must be null (a journal file in the study folder) or an RDB URL such as "
+                              f"sqlite:///tune.db or postgresql://user@host/db, got {self.storage!r}")
+        if not self.study_name.strip():
+            raise ConfigError("tune.study_name must not be empty")
+        if not self.space:
+            raise ConfigError("tune.space must name at least one key to tune")
+
+
 @dataclass
 class LoggingConfig:
     """``tensorboard``: write event files in the run folder; ``progress``: show a tqdm bar;
@@ -231,15 +314,35 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
-        """Check every value's range; raises :class:`ConfigError` naming the key."""
+        """Check every value's range, and that each ``tune.space`` entry names a known key
+        with a well-formed distribution whose bounds and choices are themselves valid values;
+        raises :class:`ConfigError` naming the key."""
         self.data.validate()
         self.model.validate()
         self.search.validate()
         self.retrain.validate()
+        self.tune.validate()
         self.logging.validate()
+        for key, spec in self.tune.space.items():
+            for value in space_values(key, spec, self):
+                trial = copy.deepcopy(self)
+                trial.tune.space = {}
+                assign(trial, key, value, "tune.space")
+                try:
+                    trial.validate_sections()
+                except ConfigError as exc:
+                    raise ConfigError(f"tune.space['{key}']: the value {value!r} is invalid: {exc}") from None
+
+    def validate_sections(self) -> None:
+        """Validate the sections a trial changes (data, model, search, retrain)."""
+        self.data.validate()
+        self.model.validate()
+        self.search.validate()
+        self.retrain.validate()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (tuples become lists), suitable for YAML and JSON."""
@@ -307,6 +410,82 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # --- helpers -----------------------------------------------------------------------------
 
 
+def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
+    """Check one ``tune.space`` entry and return the values that bound it: ``[low, high]`` of
+    a range, or every choice of a ``categorical``.
+
+    Raises:
+        ConfigError: ``key`` is not ``section.key`` of a tunable section, ``spec`` is not a
+            mapping with exactly one of :data:`DISTRIBUTIONS` (plus ``step`` for ``int`` and
+            ``uniform``), bounds are not numbers with low < high (low > 0 for log-uniform),
+            a bound does not fit the key's type, or the key is in :data:`UNTUNABLE`.
+    """
+    where = f"tune.space['{key}']"
+    section = key.split(".")[0]
+    if section not in TUNABLE_SECTIONS or key.count(".") != 1:
+        raise ConfigError(f"{where}: keys must be section.key with section one of {list(TUNABLE_SECTIONS)}")
+    obj = getattr(cfg, section)
+    name = key.split(".")[1]
+    hints = typing.get_type_hints(type(obj))
+    if name not in hints:
+        raise ConfigError(f"{where}: unknown key; keys of '{section}': {', '.join(f.name for f in dataclasses.fields(obj))}")
+    if key in UNTUNABLE:
+        raise ConfigError(f"{where}: {key} cannot be tuned (it changes what the score measures or is set by the "
+                          f"tuner; not tunable: {', '.join(UNTUNABLE)})")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where} must be a mapping such as {{log-uniform: [1.0e-4, 1.0e-2]}}, got {spec!r}")
+    kinds = [k for k in spec if k in DISTRIBUTIONS]
+    extra = [k for k in spec if k not in DISTRIBUTIONS and k != "step"]
+    if len(kinds) != 1 or extra:
+        raise ConfigError(f"{where} must have exactly one of {list(DISTRIBUTIONS)} (and optionally step), got keys {list(spec)}")
+    kind, args = kinds[0], spec[kinds[0]]
+    if "step" in spec and kind not in ("int", "uniform"):
+        raise ConfigError(f"{where}: step is only for int and uniform")
+    if kind == "categorical":
+        if not isinstance(args, list) or not args:
+            raise ConfigError(f"{where}: categorical needs a non-empty list of choices, got {args!r}")
+        for choice in args:
+            if not (choice is None or isinstance(choice, (bool, int, float, str))):
+                raise ConfigError(f"{where}: categorical choices must be numbers, strings, booleans or null, got {choice!r}")
+        if len(set(map(repr, args))) != len(args):
+            raise ConfigError(f"{where}: categorical choices repeat: {args}")
+        return [_coerce(c, hints[name], key, where) for c in args]
+    if (not isinstance(args, list) or len(args) != 2
+            or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
+        raise ConfigError(f"{where}: {kind} needs [low, high] as two finite numbers, got {args!r}")
+    low, high = args
+    if not low < high:
+        raise ConfigError(f"{where}: low ({low}) must be below high ({high})")
+    if kind == "log-uniform" and low <= 0:
+        raise ConfigError(f"{where}: log-uniform needs low > 0, got {low}")
+    base = hints[name]
+    if typing.get_origin(base) in (typing.Union, types.UnionType):
+        base = [a for a in typing.get_args(base) if a is not type(None)][0]
+    if kind == "int":
+        if base is not int or not all(isinstance(a, int) for a in args):
+            raise ConfigError(f"{where}: int needs an integer key and integer bounds ({key} is {_type_name(hints[name])})")
+        step = spec.get("step", 1)
+        if not isinstance(step, int) or isinstance(step, bool) or step <= 0 or (high - low) % step:
+            raise ConfigError(f"{where}: step must be a positive integer dividing high - low, got {step!r}")
+    else:
+        if base is not float:
+            raise ConfigError(f"{where}: {kind} needs a number key ({key} is {_type_name(hints[name])}); use int or categorical")
+        step = spec.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
+            raise ConfigError(f"{where}: step must be a positive number, got {step!r}")
+    return [_coerce(a, hints[name], key, where) for a in args]
+
+
+def assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
+    """Set ``cfg.<section>.<key>`` from a YAML value, coerced to the field's type.
+
+    Raises:
+        ConfigError: unknown section or key, or a value of the wrong type (names the key and
+            ``where`` it came from).
+    """
+    _assign(cfg, dotted, value, where)
+
+
 def _assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
     parts = dotted.split(".")
     sections = [f.name for f in dataclasses.fields(Config)]
@@ -355,6 +534,12 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     elif origin is tuple:
         if isinstance(value, (list, tuple)) and len(value) == len(args):
             return tuple(_coerce(v, a, key, where) for v, a in zip(value, args))
+    elif origin is dict:
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return {k: _coerce(v, args[1], f"{key}['{k}']", where) for k, v in value.items()}
+    elif tp is dict:
+        if isinstance(value, dict):
+            return copy.deepcopy(value)
     raise ConfigError(f"'{key}' ({where}) must be {_type_name(tp)}, got {value!r}")
 
 
@@ -362,6 +547,8 @@ def _type_name(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
         return f"a list of {_PLURAL.get(args[0], str(args[0]))}"
+    if origin is dict or tp is dict:
+        return "a mapping"
     if origin is tuple:
         return f"a list of {len(args)} {_PLURAL.get(args[0], str(args[0]))}"
     if origin in (typing.Union, types.UnionType):

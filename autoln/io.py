@@ -57,3 +57,8 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
 def save_torch_atomic(obj: Any, path: str | Path) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (checkpoints). Returns the path."""
     return _atomic(path, lambda fh: torch.save(obj, fh), "wb")
+
+
+def save_figure_atomic(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as PNG to ``path`` atomically. Returns the path."""
+    return _atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi, bbox_inches="tight"), "wb")

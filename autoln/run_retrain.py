@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from .errors import GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
 from .io import save_torch_atomic, write_json_atomic, write_text_atomic
 from .model import build_derived
-from .run_search import DivergenceError, genotype_markdown, last_checkpoint
+from .run_search import DivergenceError, EvalHook, genotype_markdown, last_checkpoint
 from .supernet import site_names
 from .tb import Logger
 from .training import (check_out_dir, clip_and_norm, environment, evaluate, prepare_out_dir, resolve_device,
@@ -63,12 +64,14 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     return genotype
 
 
-def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool = False) -> RetrainResult:
+def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool = False,
+                on_eval: Optional[EvalHook] = None) -> RetrainResult:
     """Retrain the derived model of ``genotype_spec`` (file or baseline name) under ``out``.
 
     The model's dimensions come from the genotype (a note is printed for each ``model.*`` key of
     the config that differs); optimisation from ``cfg.retrain``. Same seed -> same initial
-    weights (before DeepNorm's gain) and same batches for every genotype.
+    weights (before DeepNorm's gain) and same batches for every genotype. ``on_eval(step,
+    valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run.
 
     Raises:
         OutputError, DataError, GenotypeError, DivergenceError.
@@ -118,28 +121,35 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
 
     history, valid_metrics = [], {}
     bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not cfg.logging.progress, dynamic_ncols=True)
-    for step in bar:
-        x, y = sampler.sample()
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(x.to(device), y.to(device))
-        loss.backward()
-        grad_norm = clip_and_norm(model.parameters(), rc.grad_clip)
-        opt.step()
-        sched.step()
-        loss_v = loss.item()
-        if not math.isfinite(loss_v):
-            raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}; {last_checkpoint(out)} "
-                                  "(try a lower retrain.lr or more retrain.warmup_steps)")
-        if step % cfg.logging.log_every == 0:
-            log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
-            log.scalar("lr/weights", sched.get_last_lr()[0], step)
-        if step % rc.eval_every == 0 or step == rc.steps:
-            valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
-            log.scalars(valid_metrics, step, "valid")
-            history.append({"step": step, **valid_metrics})
-            log.flush()
-            checkpoint(step)
-        bar.set_postfix_str(f"loss {loss_v:.3f} valid " + (f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"))
+    try:
+        for step in bar:
+            x, y = sampler.sample()
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(x.to(device), y.to(device))
+            loss.backward()
+            grad_norm = clip_and_norm(model.parameters(), rc.grad_clip)
+            opt.step()
+            sched.step()
+            loss_v = loss.item()
+            if not math.isfinite(loss_v):
+                raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}; {last_checkpoint(out)} "
+                                      "(try a lower retrain.lr or more retrain.warmup_steps)")
+            if step % cfg.logging.log_every == 0:
+                log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
+                log.scalar("lr/weights", sched.get_last_lr()[0], step)
+            if step % rc.eval_every == 0 or step == rc.steps:
+                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
+                log.scalars(valid_metrics, step, "valid")
+                history.append({"step": step, **valid_metrics})
+                log.flush()
+                checkpoint(step)
+                if on_eval is not None:
+                    on_eval(step, valid_metrics)
+            bar.set_postfix_str(f"loss {loss_v:.3f} valid " + (f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"))
+    except BaseException:
+        bar.close()
+        log.close()
+        raise
     bar.close()
 
     final = {}

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -83,11 +84,17 @@ def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, 
     return record
 
 
-def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchResult:
+#: Called after each evaluation with the step and the valid metrics; may raise to stop the run
+#: (the Optuna outer loop reports intermediate values and prunes through it).
+EvalHook = Callable[[int, dict], None]
+
+
+def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: Optional[EvalHook] = None) -> SearchResult:
     """Run one search with the resolved config ``cfg``, writing everything under ``out``.
 
     Writes ``config.yaml``, TensorBoard events, ``checkpoint.pt`` (at each evaluation) and
-    ``genotype.json``.
+    ``genotype.json``. ``on_eval(step, valid_metrics)`` runs after each evaluation's
+    checkpoint; whatever it raises ends the run (event files are closed first).
 
     Raises:
         OutputError: ``out`` holds a finished search and ``overwrite`` is False.
@@ -141,42 +148,49 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False) -> SearchR
     record: dict = {}
     stopped_at = None
     bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not cfg.logging.progress, dynamic_ncols=True)
-    for step in bar:
-        model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
-        batch_w = tuple(t.to(device) for t in sampler_w.sample())
-        batch_a = tuple(t.to(device) for t in sampler_a.sample())
-        loss_a = float("nan")
-        if step > sc.arch_warmup_steps:
-            loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
-        loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
-        if not math.isfinite(loss_w) or (step > sc.arch_warmup_steps and not math.isfinite(loss_a)):
-            raise DivergenceError(f"search diverged at step {step}: L_w={loss_w}, L_alpha={loss_a}; "
-                                  f"{last_checkpoint(out)} (try a lower search.lr or more search.warmup_steps)")
-        if step % cfg.logging.log_every == 0:
-            log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
-            if math.isfinite(loss_a):
-                log.scalar("train/loss_alpha", loss_a, step)
-            log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
-            log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
-            log.scalar("search/tau", model.tau, step)
-        if step % sc.eval_every == 0 or step == sc.steps:
-            valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
-            log.scalars(valid_metrics, step, "valid")
-            probs = model.probabilities()
-            log.alphas(probs, model.site_names, model.candidates, step)
-            log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
-            record = monitor_step(monitor, model, monitor_batch, log, step)
-            log.flush()
-            checkpoint(step)
-            if sc.early_stop == "hessian" and record.get("stop"):
-                stopped_at = step
-                print(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
-                      f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
-                break
-        if cfg.logging.progress:
-            names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-            shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
-            bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
+    try:
+        for step in bar:
+            model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
+            batch_w = tuple(t.to(device) for t in sampler_w.sample())
+            batch_a = tuple(t.to(device) for t in sampler_a.sample())
+            loss_a = float("nan")
+            if step > sc.arch_warmup_steps:
+                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
+            loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
+            if not math.isfinite(loss_w) or (step > sc.arch_warmup_steps and not math.isfinite(loss_a)):
+                raise DivergenceError(f"search diverged at step {step}: L_w={loss_w}, L_alpha={loss_a}; "
+                                      f"{last_checkpoint(out)} (try a lower search.lr or more search.warmup_steps)")
+            if step % cfg.logging.log_every == 0:
+                log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
+                if math.isfinite(loss_a):
+                    log.scalar("train/loss_alpha", loss_a, step)
+                log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
+                log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
+                log.scalar("search/tau", model.tau, step)
+            if step % sc.eval_every == 0 or step == sc.steps:
+                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+                log.scalars(valid_metrics, step, "valid")
+                probs = model.probabilities()
+                log.alphas(probs, model.site_names, model.candidates, step)
+                log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
+                record = monitor_step(monitor, model, monitor_batch, log, step)
+                log.flush()
+                checkpoint(step)
+                if sc.early_stop == "hessian" and record.get("stop"):
+                    stopped_at = step
+                    print(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
+                          f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
+                    break
+                if on_eval is not None:
+                    on_eval(step, valid_metrics)
+            if cfg.logging.progress:
+                names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
+                shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
+                bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
+    except BaseException:
+        bar.close()
+        log.close()
+        raise
     bar.close()
 
     wall = time.perf_counter() - started

@@ -14,9 +14,11 @@ def test_shipped_default_configs_equal_builtin_defaults():
     defaults = Config()
     for name in ("search.yaml", "retrain.yaml"):
         assert load_config(CONFIGS / name) == defaults, name
+    tune = load_config(CONFIGS / "tune.yaml")  # spells out the tune section, shortens the searches
+    assert tune.tune == defaults.tune and tune.search.steps == 200 and tune.model == defaults.model
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "gpu.yaml", "search.yaml", "retrain.yaml"])
+@pytest.mark.parametrize("name", ["tiny.yaml", "gpu.yaml", "search.yaml", "retrain.yaml", "tune.yaml"])
 def test_shipped_configs_load(name):
     cfg = load_config(CONFIGS / name)
     assert cfg.model.d_model % cfg.model.n_heads == 0

@@ -1,0 +1,397 @@
+"""The Optuna outer loop (``search.py --tune``): the exact cap's admission rule, trial outcomes,
+``tune.space`` validation, and end to end through the command line: the report files, resuming,
+a config mismatch, a diverged trial, two workers on a journal file and on PostgreSQL, and
+workers killed with SIGKILL in the middle of a trial."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from autoln.config import load_config
+from autoln.errors import ConfigError
+from autoln.genotype import Genotype
+
+from .conftest import ROOT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+#: A trial of a second or two: 20 search steps, scored by the supernet, no pruning.
+FAST = ("--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "search.eval_windows=4",
+        "--set", "search.monitor_windows=0", "--set", "tune.score=supernet", "--set", "tune.pruner=none",
+        "--set", "logging.tensorboard=false")
+#: A trial of several seconds, long enough to be killed in the middle.
+SLOW = ("--set", "search.steps=300", "--set", "search.eval_every=100", "--set", "search.eval_windows=4",
+        "--set", "search.monitor_windows=0", "--set", "tune.score=supernet", "--set", "tune.pruner=none",
+        "--set", "logging.tensorboard=false", "--set", "tune.space={search.arch_lr: {log-uniform: [1.0e-4, 1.0e-2]}}")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("tune-cache"))
+
+
+def command(out: Path, *args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "search.py"), "--tune", "--config", TINY, "--out", str(out), *args,
+            "--set", "logging.progress=false"]
+
+
+def tune(out: Path, *args: str, cache: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(command(out, *args), capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "XDG_CACHE_HOME": cache})
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def start(out: Path, *args: str, cache: str, threads: int | None = None) -> subprocess.Popen:
+    env = {**os.environ, "XDG_CACHE_HOME": cache}
+    if threads:  # several commands side by side, as on several machines: one core each
+        env["OMP_NUM_THREADS"] = str(threads)
+    return subprocess.Popen(command(out, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=env, start_new_session=True)
+
+
+def rows(out: Path) -> list[dict]:
+    with open(out / "trials.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def finished(table: list[dict]) -> list[dict]:
+    return [r for r in table if r["outcome"] in ("complete", "pruned", "diverged", "error")]
+
+
+def load_study(storage, name: str = "autoln"):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def journal(out: Path):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(out / "study.journal")))
+
+
+def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
+    """Poll the study until a trial numbered >= ``min_number`` has run for about a second."""
+    from optuna.trial import TrialState
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            trials = load_study(storage_fn()).get_trials(states=(TrialState.RUNNING,))
+        except Exception:  # the study is not created yet
+            trials = []
+        for t in trials:
+            if t.number >= min_number and t.user_attrs.get("worker") and t.datetime_start:
+                time.sleep(1.5)
+                return t
+        time.sleep(0.3)
+    raise AssertionError("no trial started in time")
+
+
+# --- units ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("space, message", [
+    ("{search.nope: {uniform: [0, 1]}}", "unknown key"),
+    ("{tune.n_trials: {int: [1, 2]}}", "section one of"),
+    ("{search.lr: {uniform: [1.0, 0.5]}}", "low (1.0) must be below high (0.5)"),
+    ("{search.lr: {log-uniform: [0, 1]}}", "log-uniform needs low > 0"),
+    ("{search.lr: {normal: [0, 1]}}", "exactly one of"),
+    ("{search.lr: [0.1, 0.2]}", "must be a mapping"),
+    ("{search.order: {categorical: [1, 3]}}", "the value 3 is invalid: search.order must be 1 or 2"),
+    ("{search.order: {uniform: [1, 2]}}", "needs a number key"),
+    ("{search.steps: {int: [10, 100], step: 7}}", "step must be a positive integer dividing"),
+    ("{search.lr: {uniform: [-1.0, 1.0]}}", "search.lr must be > 0"),
+    ("{search.mixing: {categorical: [softmax, [1]]}}", "choices must be numbers, strings"),
+    ("{}", "tune.space must name at least one key"),
+    ("{data.tokenizer: {categorical: [bytes, chars]}}", "data.tokenizer cannot be tuned"),
+    ("{retrain.steps: {int: [10, 20]}}", "retrain.steps cannot be tuned"),
+])
+def test_space_errors_name_the_key(space, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"tune.space={space}"])
+    assert message in str(err.value)
+
+
+def test_space_and_storage_accepted_and_refused():
+    cfg = load_config(TINY, ["tune.space={search.order: {categorical: [1, 2]}, search.lr: {log-uniform: [1.0e-4, 1.0e-2]}}"])
+    assert cfg.tune.space["search.order"] == {"categorical": [1, 2]}
+    with pytest.raises(ConfigError, match="tune.storage must be null .* or an RDB URL"):
+        load_config(None, ["tune.storage=/tmp/x.db"])
+    with pytest.raises(ConfigError, match="tune.grace_period"):
+        load_config(None, ["tune.heartbeat_interval=10", "tune.grace_period=5"])
+
+
+def test_admission_rule_gives_an_exact_cap():
+    """Trials are admitted in number order while fewer than ``cap`` earlier ones are finished,
+    running or waiting; a lost (FAIL while running) trial frees its slot."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from autoln.tune import admitted, census, outcome
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    t = [study.ask() for _ in range(4)]
+    for trial in t:
+        trial.set_user_attr("outcome", "running")
+    assert [admitted(study, x.number, 2) for x in t] == [True, True, False, False]
+    study.tell(t[0], 1.0)
+    t[1].set_user_attr("outcome", "error")
+    study.tell(t[1], state=TrialState.FAIL)  # failed by its own error: counts
+    assert not admitted(study, 2, 2)
+    study.tell(t[2], state=TrialState.FAIL)  # over-cap refusals / lost trials do not count
+    assert census(study).finished == 2 and census(study).lost == 1
+    study2 = optuna.create_study()
+    a, b = study2.ask(), study2.ask()
+    a.set_user_attr("outcome", "running")
+    b.set_user_attr("outcome", "running")
+    assert not admitted(study2, b.number, 1)
+    study2.tell(a, state=TrialState.FAIL)  # a's worker died: b may run
+    assert admitted(study2, b.number, 1)
+    assert outcome(study2.trials[0]) == "lost"
+    study2.enqueue_trial({})
+    assert not admitted(study2, 3, 2)  # b running + a waiting re-run ahead of it
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, cache):
+    out = tmp_path_factory.mktemp("tune") / "study"
+    proc = tune(out, "--set", "tune.n_trials=4", cache=cache)  # the issue's acceptance command
+    return out, proc
+
+
+def test_tune_writes_best_genotype_table_plots_and_hparams(tuned):
+    out, proc = tuned
+    table = rows(out)
+    assert [int(r["number"]) for r in table] == [0, 1, 2, 3]
+    assert len(finished(table)) == 4
+    best = Genotype.load(out / "best_genotype.json")
+    done = [r for r in table if r["outcome"] == "complete"]
+    winner = min(done, key=lambda r: float(r["score"]))
+    assert best.provenance["tune"]["trial"] == int(winner["number"])
+    assert abs(best.provenance["tune"]["score"] - float(winner["score"])) < 1e-4
+    assert best.describe() == winner["genotype"]
+    for r in done:  # the genotype of every finished search, and its proxy retrain
+        assert Genotype.load(out / "genotypes" / f"{int(r['number']):04d}.json").describe() == r["genotype"]
+        assert (out / "trials" / f"{int(r['number']):04d}" / "proxy" / "metrics.json").exists()
+    for name in ("optimization_history", "param_importances", "intermediate_values"):
+        assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "trials.md").read_text()
+    assert "| number | state | outcome | score | genotype | search.arch_lr |" in md and f"Best: trial {winner['number']}" in md
+    assert f"best: trial {winner['number']}" in proc.stdout
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "trials" / "0000"))
+    acc.Reload()
+    assert "hparams/score" in acc.Tags()["scalars"]
+    plugin = acc.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugin and b"search.arch_lr" in plugin["_hparams_/session_start_info"]
+
+
+def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
+    out, _ = tuned
+    before = (out / "trials.csv").read_text()
+    again = tune(out, "--set", "tune.n_trials=4", cache=cache)
+    assert "4/4 finished" in again.stdout and (out / "trials.csv").read_text() == before
+    more = tune(out, "--set", "tune.n_trials=5", cache=cache)
+    assert "5/5 finished" in more.stdout and len(finished(rows(out))) == 5
+    bad = tune(out, "--set", "tune.n_trials=5", "--set", "search.steps=50", cache=cache, check=False)
+    assert bad.returncode == 2 and "search.steps (100 in the study, 50 now)" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(rows(out)) == 5
+
+
+def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_path, cache):
+    out = tmp_path / "div"
+    proc = tune(out, *FAST, "--set", "tune.n_trials=3", "--set", "tune.sampler=random",
+                "--set", "tune.space={search.lr: {categorical: [1000.0, 0.002]}}", cache=cache)
+    table = rows(out)
+    assert len(finished(table)) == 3 and "3/3 finished" in proc.stdout
+    diverged = [r for r in table if r["outcome"] == "diverged"]
+    assert diverged and all(r["state"] == "PRUNED" and r["search.lr"] == "1000.0" for r in diverged)
+    assert all("search diverged at step" in r["reason"] for r in diverged)
+    assert all(r["search.lr"] == "0.002" for r in table if r["outcome"] == "complete")
+
+
+def test_journal_two_workers_exact_cap_and_a_killed_worker(tmp_path, cache):
+    """--workers 2 on the journal file: SIGKILL the worker running trial >= 1 in the middle of
+    its search; the study still ends with exactly N finished trials, the killed one failed and
+    re-run; re-running the command adds nothing."""
+    out, n = tmp_path / "journal", 4
+    proc = start(out, *SLOW, "--set", f"tune.n_trials={n}", "--workers", "2", cache=cache)
+    victim = wait_for_running(lambda: journal(out), 1)
+    pid = int(victim.user_attrs["worker"].split(":")[1])
+    os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-4000:]
+    table = rows(out)
+    assert len(finished(table)) == n
+    killed = table[victim.number]
+    assert killed["outcome"] == "lost" and killed["state"] == "FAIL"
+    reruns = [r for r in table if r["retry_of"] == str(victim.number)]
+    assert len(reruns) == 1 and reruns[0]["outcome"] == "complete" and reruns[0]["search.arch_lr"] == killed["search.arch_lr"]
+    done = {int(r["number"]) for r in finished(table)}
+    written = {int(Path(p).parts[-3]) for p in glob.glob(str(out / "trials" / "*" / "search" / "genotype.json"))}
+    assert written == done  # every finished trial wrote its genotype once, no other trial did
+    again = tune(out, *SLOW, "--set", f"tune.n_trials={n}", "--workers", "2", cache=cache)
+    assert f"{n}/{n} finished" in again.stdout and len(rows(out)) == len(table)
+
+
+def test_journal_killed_command_rerun_redoes_the_trial(tmp_path, cache):
+    out, n = tmp_path / "journal-cmd", 2
+    proc = start(out, *SLOW, "--set", f"tune.n_trials={n}", cache=cache)
+    victim = wait_for_running(lambda: journal(out), 0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    again = tune(out, *SLOW, "--set", f"tune.n_trials={n}", cache=cache)
+    assert f"trials [{victim.number}] were running when their command died" in again.stderr
+    table = rows(out)
+    assert len(finished(table)) == n and table[victim.number]["outcome"] == "lost"
+    assert [r["outcome"] for r in table if r["retry_of"] == str(victim.number)] == ["complete"]
+
+
+def test_bad_input_is_refused_before_any_trial(tmp_path, cache):
+    missing = tune(tmp_path / "nodata", *FAST, "--set", "data.corpus=/nonexistent/corpus.txt", cache=cache, check=False)
+    assert missing.returncode == 2 and "/nonexistent/corpus.txt" in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "nodata" / "trials").exists()
+    (tmp_path / "single").mkdir()
+    (tmp_path / "single" / "genotype.json").write_text("{}")
+    single = tune(tmp_path / "single", *FAST, cache=cache, check=False)
+    assert single.returncode == 2 and "holds a single search or retrain run" in single.stderr
+    workers = tune(tmp_path / "w", *FAST, "--workers", "0", cache=cache, check=False)
+    assert workers.returncode == 2 and "--workers must be a positive integer" in workers.stderr
+    plain = subprocess.run([sys.executable, str(ROOT / "search.py"), "--workers", "2"], capture_output=True, text=True)
+    assert plain.returncode == 2 and "--workers needs --tune" in plain.stderr
+
+
+def test_second_command_on_the_same_folder_is_refused(tmp_path, cache):
+    out = tmp_path / "locked"
+    out.mkdir()
+    import fcntl
+
+    with open(out / "tune.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = tune(out, *FAST, cache=cache, check=False)
+    assert proc.returncode == 2 and "another 'search.py --tune' is running on this folder" in proc.stderr
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def _pg_bindir() -> Path | None:
+    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if Path(d, "initdb").exists():
+            return Path(d)
+    found = shutil.which("initdb")
+    return Path(found).parent if found else None
+
+
+def _unavailable(reason: str):
+    if os.environ.get("AUTOLN_REQUIRE_POSTGRES"):
+        pytest.fail(f"PostgreSQL test required (AUTOLN_REQUIRE_POSTGRES) but {reason}")
+    pytest.skip(f"{reason}; .ci/run installs Debian's postgresql")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A throw-away PostgreSQL server on 127.0.0.1 (trust auth, fsync off); yields its base URL."""
+    bindir = _pg_bindir()
+    if bindir is None:
+        _unavailable("no PostgreSQL server binaries (initdb) found")
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        _unavailable("the driver psycopg2 is not installed (pip install -e '.[dev]')")
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="autoln-pg-"))
+    if os.geteuid() == 0:  # the server refuses to run as root
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            _unavailable("running as root and there is no 'postgres' user to run the server as")
+        os.chown(base, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = base / "data"
+    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "autoln", "--auth=trust", "-E", "UTF8",
+                    "--no-sync"], check=True, capture_output=True)
+    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "log"), "-w", "-o",
+                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://autoln@127.0.0.1:{port}"
+    finally:
+        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _database(base_url: str, name: str) -> str:
+    import psycopg2
+
+    port = int(base_url.rsplit(":", 1)[1])
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user="autoln", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn.close()
+    return f"{base_url}/{name}"
+
+
+def test_postgres_two_commands_share_one_study_with_an_exact_cap(postgres, tmp_path, cache):
+    """Two commands (as on two machines) against one PostgreSQL study with a global cap of N:
+    exactly N trials finish, each run once, by one of them."""
+    url, n = _database(postgres, "two_workers"), 6
+    procs = [start(tmp_path / f"machine{rank}", *FAST, "--set", "search.steps=60", "--set", f"tune.storage={url}",
+                   "--set", f"tune.n_trials={n}", "--set", f"tune.rank_offset={rank}", cache=cache, threads=1)
+             for rank in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-4000:]
+    study = load_study(url)
+    from autoln.tune import census
+
+    assert census(study).finished == n
+    done = {t.number for t in study.trials if t.user_attrs.get("outcome") == "complete"}
+    assert len(done) == n
+    by_machine = [{int(Path(p).parts[-3]) for p in glob.glob(str(tmp_path / f"machine{r}" / "trials" / "*" / "search" / "genotype.json"))}
+                  for r in (0, 1)]
+    assert by_machine[0] | by_machine[1] == done and not by_machine[0] & by_machine[1]
+    assert all(by_machine), "both commands ran trials"
+    workers = {t.user_attrs["worker"].rsplit(":", 1)[1] for t in study.trials if t.number in done}
+    assert workers == {"rank0", "rank1"}
+
+
+def test_postgres_killed_worker_fails_by_heartbeat_and_is_rerun(postgres, tmp_path, cache):
+    url, n, out = _database(postgres, "killed"), 2, tmp_path / "pg"
+    args = (*SLOW, "--set", f"tune.storage={url}", "--set", f"tune.n_trials={n}",
+            "--set", "tune.heartbeat_interval=1", "--set", "tune.grace_period=4")
+    proc = start(out, *args, cache=cache)
+    victim = wait_for_running(lambda: url, 0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    tune(out, *args, cache=cache)
+    table = rows(out)
+    assert len(finished(table)) == n
+    assert table[victim.number]["state"] == "FAIL" and table[victim.number]["outcome"] == "lost"
+    assert [r["outcome"] for r in table if r["retry_of"] == str(victim.number)] == ["complete"]
