@@ -3,6 +3,7 @@
 ``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python search.py --tune [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
+``python retrain.py --compare [--genotype FILE ...] [--baselines LIST] [--seeds N] [--config FILE] [--set ...] [--out DIR]``
 
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
@@ -116,26 +117,54 @@ def _tune(cfg, args) -> None:
         print("next: " + _command("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
+DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln"
+
+
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``retrain.py``; returns the exit status."""
-    p = _parser("retrain.py", "Train the derived model of a genotype (or a named baseline) from scratch.",
-                "retrain", "runs/retrain[-<baseline>]-<timestamp>")
-    p.add_argument("--genotype", required=True, metavar="FILE_OR_NAME",
-                   help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln")
+    p = _parser("retrain.py", "Train the derived model of a genotype (or a named baseline) from scratch; "
+                "with --compare, several genotypes and the published placements at equal budget and seeds.",
+                "retrain", "runs/retrain[-<baseline>]-<timestamp>; with --compare runs/compare-<timestamp>")
+    p.add_argument("--genotype", action="append", default=[], metavar="FILE_OR_NAME",
+                   help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln "
+                        "(required once; with --compare repeatable and optional)")
+    p.add_argument("--compare", action="store_true",
+                   help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
+    p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")
+    p.add_argument("--seeds", type=int, metavar="N", help="with --compare: seeds per genotype (default 3)")
     args = p.parse_args(argv)
+    if not args.compare:
+        if (args.baselines, args.seeds) != (None, None):
+            p.error("--baselines and --seeds need --compare")
+        if len(args.genotype) != 1:
+            p.error("give exactly one --genotype (or use --compare for several)")
 
     def body() -> None:
         from .config import load_config
-        from .run_retrain import run_retrain
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
+        if args.compare:
+            return _compare(cfg, args)
         from .genotype import BASELINES
+        from .run_retrain import run_retrain
 
-        tag = args.genotype if args.genotype in BASELINES else ""
-        result = run_retrain(cfg, args.genotype, args.out or default_out_dir("retrain", tag), args.overwrite)
+        spec = args.genotype[0]
+        tag = spec if spec in BASELINES else ""
+        result = run_retrain(cfg, spec, args.out or default_out_dir("retrain", tag), args.overwrite)
         lines = [f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "windows")
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
 
     return guarded(body)
+
+
+def _compare(cfg, args) -> None:
+    """``retrain.py --compare``: run the comparison and print its table."""
+    from .compare import run_compare
+    from .training import default_out_dir
+
+    baselines = [b.strip() for b in (DEFAULT_BASELINES if args.baselines is None else args.baselines).split(",") if b.strip()]
+    out = Path(args.out) if args.out else default_out_dir("compare")
+    run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite)
+    print((out / "compare.md").read_text() + f"\nwrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'valid_curves.png'}")

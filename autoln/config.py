@@ -29,6 +29,7 @@ from .errors import ConfigError
 from .placements import NORMS, PLACEMENTS
 
 TOKENIZERS = ("bytes", "chars", "words")
+SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 GRANULARITIES = ("layer", "sublayer")
 
 
@@ -107,7 +108,8 @@ class TrainConfig:
     """Optimisation settings shared by the search's weights and the retrain (AdamW).
 
     ``steps``: optimizer steps. ``lr``: peak learning rate, reached after ``warmup_steps`` of
-    linear warm-up, then cosine decay to ``lr * min_lr_ratio``. ``grad_clip``: max global
+    linear warm-up (0: none), then ``schedule``: ``cosine`` decay to ``lr * min_lr_ratio``,
+    ``inverse_sqrt`` (Vaswani et al. 2017) or ``constant`` (:func:`autoln.training.lr_factor`). ``grad_clip``: max global
     gradient norm (0 disables). ``eval_every``: steps between validation evaluations, each on
     ``eval_windows`` fixed windows of the valid split. ``device``: ``auto`` (CUDA when
     available), ``cpu`` or ``cuda``.
@@ -120,6 +122,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 50
+    schedule: str = "cosine"
     grad_clip: float = 1.0
     eval_every: int = 100
     eval_windows: int = 64
@@ -137,6 +140,7 @@ class TrainConfig:
             if not 0.0 <= b < 1.0:
                 raise ConfigError(f"{section}.betas must lie in [0, 1), got {list(self.betas)}")
         _one_of(f"{section}.device", self.device, ("auto", "cpu", "cuda"))
+        _one_of(f"{section}.schedule", self.schedule, SCHEDULE_NAMES)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{section}.seed must be in [0, 2^32), got {self.seed}")
 
@@ -200,14 +204,18 @@ class SearchConfig(TrainConfig):
 class RetrainConfig(TrainConfig):
     """Retrain settings: :class:`TrainConfig` plus ``final_eval_windows``, the number of
     non-overlapping windows of the valid and test splits used for the final numbers
-    (``null`` = the whole split).
+    (``null`` = the whole split), and ``spike_factor``: a training step whose loss exceeds this
+    factor times the running mean counts as a loss spike (:class:`autoln.diagnostics.SpikeCounter`).
     """
 
     steps: int = 1000
     final_eval_windows: Optional[int] = 512
+    spike_factor: float = 1.5
 
     def validate(self, section: str = "retrain") -> None:
         super().validate(section)
+        if not self.spike_factor > 1.0:
+            raise ConfigError(f"retrain.spike_factor must be > 1, got {self.spike_factor}")
         if self.final_eval_windows is not None:
             _positive("retrain.final_eval_windows", self.final_eval_windows)
 
@@ -319,14 +327,24 @@ class Config:
 
     def validate(self) -> None:
         """Check every value's range, and that each ``tune.space`` entry names a known key
-        with a well-formed distribution whose bounds and choices are themselves valid values;
-        raises :class:`ConfigError` naming the key."""
+        with a well-formed distribution; raises :class:`ConfigError` naming the key."""
         self.data.validate()
         self.model.validate()
         self.search.validate()
         self.retrain.validate()
         self.tune.validate()
         self.logging.validate()
+        for key, spec in self.tune.space.items():
+            space_values(key, spec, self)
+
+    def validate_space(self) -> None:
+        """For ``search.py --tune``: check that every bound and choice of ``tune.space``, set
+        alone on this config, gives a valid config (so a study does not start with a space
+        whose every trial would fail).
+
+        Raises:
+            ConfigError: naming the ``tune.space`` entry, the value and the problem.
+        """
         for key, spec in self.tune.space.items():
             for value in space_values(key, spec, self):
                 trial = copy.deepcopy(self)

@@ -3,7 +3,10 @@
 The derived model trains on the whole training split (D_w and D_alpha together), with AdamW,
 warm-up + cosine decay and gradient clipping; it is evaluated on the valid split every
 ``retrain.eval_every`` steps, and on valid and test at the end (``retrain.final_eval_windows``
-windows each). Outputs: ``metrics.json``, ``checkpoint.pt``, ``config.yaml``, TensorBoard events.
+windows each). The diagnostics of :mod:`autoln.diagnostics` are computed on a fixed batch of
+``DIAG_WINDOWS`` valid windows at initialisation (with the per-layer gradient norms) and at
+each evaluation (with the update size since initialisation), and loss spikes are counted at
+every step. Outputs: ``metrics.json``, ``checkpoint.pt``, ``config.yaml``, TensorBoard events.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import Config
-from .data import HEADLINE, WindowSampler, check_lengths, eval_starts, load_corpus, metrics_from_loss
+from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
+from .diagnostics import SpikeCounter, logits, snapshot
 from .errors import GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
 from .io import save_torch_atomic, write_json_atomic, write_text_atomic
@@ -28,10 +32,26 @@ from .model import build_derived
 from .run_search import DivergenceError, EvalHook, genotype_markdown, last_checkpoint
 from .supernet import site_names
 from .tb import Logger
-from .training import (check_out_dir, clip_and_norm, environment, evaluate, prepare_out_dir, resolve_device,
-                       seed_everything, utc_now, weight_optimizer)
+from .training import (check_out_dir, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
+                       train_step, utc_now, weight_optimizer)
 
 METRICS_FILE = "metrics.json"
+#: Valid windows of the fixed batch on which the diagnostics are computed.
+DIAG_WINDOWS = 8
+
+
+def log_diagnostics(log: Logger, diag: dict, step: int) -> None:
+    """TensorBoard: ``diag/<name>/block<i>`` for each per-block diagnostic, ``diag/update_size``;
+    at step 0 (initialisation) the per-block values are also drawn as ``diag_init/<name>``
+    curves over the block index."""
+    for name, value in diag.items():
+        if isinstance(value, list):
+            log.scalars({f"block{i}": v for i, v in enumerate(value)}, step, f"diag/{name}")
+            if step == 0:
+                for i, v in enumerate(value):
+                    log.scalar(f"diag_init/{name}", v, i)
+        else:
+            log.scalar(f"diag/{name}", value, step)
 
 
 @dataclass
@@ -64,6 +84,32 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     return genotype
 
 
+def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool):
+    """What a run on a derived model needs before it builds the model: checks ``out``
+    (:func:`autoln.training.check_out_dir`), resolves the device, loads the corpus and the
+    genotype, and returns ``(device, corpus, genotype, cfg)`` with ``cfg.model`` the genotype's
+    dimensions (a note is printed for each ``model.*`` key of the config that differs, and when
+    the genotype was searched on other data).
+
+    Raises:
+        OutputError, DataError, GenotypeError, ConfigError.
+    """
+    check_out_dir(out, overwrite)
+    device = resolve_device(cfg.retrain.device)
+    corpus = load_corpus(cfg.data)
+    genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
+    mc = genotype.model_config(cfg.model)
+    for key in (k for k in MODEL_KEYS if k != "vocab_size"):
+        if getattr(cfg.model, key) != getattr(mc, key):
+            print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
+    searched_on = genotype.provenance.get("data")
+    if isinstance(searched_on, dict) and searched_on.get("fingerprint_sha256") not in (None, corpus.fingerprint):
+        print(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
+              file=sys.stderr)
+    check_lengths(corpus, mc.context)
+    return device, corpus, genotype, replace(cfg, model=mc)  # config.yaml and checkpoints record the model trained
+
+
 def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool = False,
                 on_eval: Optional[EvalHook] = None) -> RetrainResult:
     """Retrain the derived model of ``genotype_spec`` (file or baseline name) under ``out``.
@@ -78,20 +124,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     """
     started = time.perf_counter()
     rc = cfg.retrain
-    check_out_dir(out, overwrite)
-    device = resolve_device(rc.device)
-    corpus = load_corpus(cfg.data)
-    genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
-    mc = genotype.model_config(cfg.model)
-    for key in (k for k in MODEL_KEYS if k != "vocab_size"):
-        if getattr(cfg.model, key) != getattr(mc, key):
-            print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
-    searched_on = genotype.provenance.get("data")
-    if isinstance(searched_on, dict) and searched_on.get("fingerprint_sha256") not in (None, corpus.fingerprint):
-        print(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
-              file=sys.stderr)
-    cfg = replace(cfg, model=mc)  # config.yaml and checkpoints record the model actually trained
-    check_lengths(corpus, mc.context)
+    device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
+    mc = cfg.model
     seed_everything(rc.seed)
     train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
@@ -119,18 +153,19 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                            "sampler": sampler.state_dict(),
                            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}}, out / "checkpoint.pt")
 
-    history, valid_metrics = [], {}
+    diag_x, diag_y = next(eval_batches(valid, valid_starts[:DIAG_WINDOWS], mc.context, DIAG_WINDOWS))
+    diag_x, diag_y = diag_x.to(device), diag_y.to(device)
+    diag_ref = logits(model, diag_x)
+    diag_init = snapshot(model, diag_x, diag_y)
+    log_diagnostics(log, diag_init, 0)
+    spikes = SpikeCounter(factor=rc.spike_factor)
+    history, valid_metrics, diag_history = [], {}, []
     bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not cfg.logging.progress, dynamic_ncols=True)
     try:
         for step in bar:
             x, y = sampler.sample()
-            opt.zero_grad(set_to_none=True)
-            _, loss = model(x.to(device), y.to(device))
-            loss.backward()
-            grad_norm = clip_and_norm(model.parameters(), rc.grad_clip)
-            opt.step()
-            sched.step()
-            loss_v = loss.item()
+            loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
+            spikes.update(loss_v)
             if not math.isfinite(loss_v):
                 raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}; {last_checkpoint(out)} "
                                       "(try a lower retrain.lr or more retrain.warmup_steps)")
@@ -141,6 +176,10 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                 valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
                 log.scalars(valid_metrics, step, "valid")
                 history.append({"step": step, **valid_metrics})
+                diag = snapshot(model, diag_x, reference=diag_ref)
+                log_diagnostics(log, diag, step)
+                log.scalar("diag/loss_spikes", spikes.spikes, step)
+                diag_history.append({"step": step, "loss_spikes": spikes.spikes, **diag})
                 log.flush()
                 checkpoint(step)
                 if on_eval is not None:
@@ -166,6 +205,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         "wall_time_s": round(wall, 2), "history": history, "created": utc_now(),
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint},
         "packages": environment(), "genotype_file": genotype.to_dict(),
+        "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": diag_init, "evaluations": diag_history,
+                        "loss_spikes": spikes.spikes, "spike_factor": rc.spike_factor},
     }
     path = write_json_atomic(out / METRICS_FILE, metrics)
     log.text("final", f"valid {headline} {final['valid'].get(headline):.4f}, test {final['test'].get(headline):.4f}")

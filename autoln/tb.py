@@ -54,6 +54,11 @@ class Logger:
                 self.writer.add_scalar(f"alpha/{site}/{cand}", float(probs[i, k]), step)
         self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}"), step)
 
+    def figure(self, tag: str, fig, step: int) -> None:
+        """A matplotlib figure as an image (the figure stays open for the caller)."""
+        if self.writer:
+            self.writer.add_figure(tag, fig, step, close=False)
+
     def flush(self) -> None:
         """Write pending events to disk."""
         if self.writer:

@@ -41,15 +41,38 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Learning-rate multiplier at optimizer step ``step`` (0-based): linear warm-up from
-    ``1/warmup_steps`` to 1 over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` at
-    ``steps`` (Loshchilov & Hutter 2017, SGDR without restarts)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+def _cosine(step: int, cfg: TrainConfig) -> float:
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _inverse_sqrt(step: int, cfg: TrainConfig) -> float:
+    return math.sqrt(max(1, cfg.warmup_steps) / (step + 1))
+
+
+def _constant(step: int, cfg: TrainConfig) -> float:
+    return 1.0
+
+
+#: Decay after warm-up, by ``train.schedule`` name: factor of the peak learning rate at 0-based
+#: optimizer step ``step >= warmup_steps``.
+SCHEDULES = {"cosine": _cosine, "inverse_sqrt": _inverse_sqrt, "constant": _constant}
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Learning-rate multiplier at optimizer step ``step`` (0-based): linear warm-up from
+    ``1/warmup_steps`` to 1 over ``warmup_steps`` (none when 0), then ``cfg.schedule``:
+
+    - ``cosine``: decay to ``min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017, SGDR
+      without restarts);
+    - ``inverse_sqrt``: ``sqrt(max(1, warmup_steps) / (step + 1))``, Vaswani et al. 2017 §5.3
+      (1 at the end of warm-up, ``1/sqrt(step + 1)`` without it);
+    - ``constant``: 1.
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    return SCHEDULES[cfg.schedule](step, cfg)
 
 
 def weight_optimizer(named_params: Sequence[tuple[str, nn.Parameter]], cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -76,15 +99,16 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
     return total / count
 
 
-FINISHED_MARKERS = ("genotype.json", "metrics.json")
+FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
 #: Files a run writes in its folder (besides TensorBoard event files).
 RUN_FILES = (*FINISHED_MARKERS, "checkpoint.pt", "config.yaml")
 
 
 def check_out_dir(out: str | Path, overwrite: bool) -> Path:
     """Check, without touching anything, that ``out`` can hold a new run: it is a folder or can
-    be created, and it holds no finished search (``genotype.json``) or retrain
-    (``metrics.json``) unless ``overwrite`` (one folder holds one run).
+    be created, and it holds no finished search (``genotype.json``), retrain
+    (``metrics.json``) or diagnosis (``diagnostics.json``) unless ``overwrite`` (one folder
+    holds one run).
 
     Raises:
         OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
@@ -150,3 +174,19 @@ def clip_and_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor, y: torch.Tensor,
+               grad_clip: float) -> tuple[float, float]:
+    """One optimizer step of a derived model on ``x, y`` ``(B, T)``: mean cross-entropy,
+    backward, global-norm clipping to ``grad_clip`` (0: none), step, scheduler step.
+
+    Returns ``(loss in nats/token, gradient norm before clipping)``.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+    norm = clip_and_norm(model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    return loss.item(), norm

@@ -231,10 +231,12 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
             study.set_user_attr("autoln_config", mine)
             study.set_user_attr("metric", _headline(cfg))
     elif theirs != mine:
-        diff = [f"{k} ({theirs.get(k, '<absent>')!r} in the study, {mine.get(k, '<absent>')!r} now)"
-                for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
-        raise ConfigError(f"{where} was made with another config; differing keys: {'; '.join(diff)}. "
-                          "Re-run with the study's config, or choose another tune.study_name or --out, or pass --overwrite")
+        default = study_config(Config())  # a key one side lacks (another autoln version) counts as its default
+        diff = [f"{k} ({theirs.get(k, default.get(k))!r} in the study, {mine.get(k, default.get(k))!r} now)"
+                for k in sorted(set(theirs) | set(mine)) if theirs.get(k, default.get(k)) != mine.get(k, default.get(k))]
+        if diff:
+            raise ConfigError(f"{where} was made with another config; differing keys: {'; '.join(diff)}. "
+                              "Re-run with the study's config, or choose another tune.study_name or --out, or pass --overwrite")
     return study
 
 
@@ -527,6 +529,7 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
     if workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {workers}")
     check_tune_dir(out)
+    cfg.validate_space()
     preflight(cfg)
     try:
         out.mkdir(parents=True, exist_ok=True)

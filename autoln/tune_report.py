@@ -33,11 +33,13 @@ PLOTS = ("optimization_history", "param_importances", "intermediate_values")
 
 def trial_rows(study, cfg: Config) -> list[dict[str, Any]]:
     """One dict per trial, in trial-number order (the table's rows)."""
+    from optuna.trial import TrialState
+
     rows = []
     for t in study.get_trials(deepcopy=False):
         row: dict[str, Any] = {
             "number": t.number, "state": t.state.name, "outcome": outcome(t),
-            "score": None if t.value is None else round(t.value, 5),
+            "score": round(t.value, 5) if t.state == TrialState.COMPLETE else None,  # a pruned trial's value is its last report
             "genotype": t.user_attrs.get("placements") or "",
         }
         for key in cfg.tune.space:

@@ -124,8 +124,14 @@ def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
 ])
 def test_space_errors_name_the_key(space, message):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"tune.space={space}"])
+        load_config(None, [f"tune.space={space}"]).validate_space()
     assert message in str(err.value)
+
+
+def test_space_bounds_are_checked_only_when_tuning():
+    cfg = load_config(None, ["search.mixing=sigmoid"])  # a plain search: the default space's tau_start is irrelevant
+    with pytest.raises(ConfigError, match=r"tune.space\['search.tau_start'\]: the value 0.5 is invalid"):
+        cfg.validate_space()
 
 
 def test_space_and_storage_accepted_and_refused():
@@ -230,6 +236,31 @@ def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_pa
     assert diverged and all(r["state"] == "PRUNED" and r["search.lr"] == "1000.0" for r in diverged)
     assert all("search diverged at step" in r["reason"] for r in diverged)
     assert all(r["search.lr"] == "0.002" for r in table if r["outcome"] == "complete")
+
+
+def test_a_trial_that_raises_is_recorded_and_the_study_goes_on(tmp_path, cache):
+    """Each bound is valid alone, the combination is not: every trial fails with its reason."""
+    out = tmp_path / "errors"
+    proc = tune(out, *FAST, "--set", "tune.n_trials=2",
+                "--set", "tune.space={search.mixing: {categorical: [sigmoid]}, search.tau_start: {uniform: [1.5, 2.0]}}",
+                cache=cache)
+    table = rows(out)
+    assert [r["outcome"] for r in table] == ["error", "error"] and all(r["state"] == "FAIL" for r in table)
+    assert all("sigmoid mixing has no temperature" in r["reason"] for r in table)
+    assert "ConfigError" in (out / "trials" / "0000" / "error.txt").read_text()
+    assert "2/2 finished" in proc.stdout and "no trial completed" in proc.stdout and not (out / "best_genotype.json").exists()
+
+
+def test_resuming_checks_the_direction(tmp_path):
+    import optuna
+
+    from autoln.tune import open_study
+
+    out = tmp_path / "s"
+    out.mkdir()
+    optuna.create_study(study_name="autoln", storage=journal(out), direction="maximize")
+    with pytest.raises(ConfigError, match="not a single-objective minimisation study"):
+        open_study(load_config(TINY), out, create=True)
 
 
 def test_journal_two_workers_exact_cap_and_a_killed_worker(tmp_path, cache):

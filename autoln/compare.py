@@ -1,0 +1,221 @@
+"""``retrain.py --compare``: retrain searched genotypes and the published placements with the
+same budget, data order and seeds, and tabulate and plot the result.
+
+Each (genotype, seed) pair is one ordinary retrain (:func:`autoln.run_retrain.run_retrain`) in
+``<out>/<label>/seed<i>`` with ``retrain.seed + i``; every genotype sees the same batches at a
+given seed. A pair whose ``metrics.json`` exists is reused, so an interrupted comparison
+resumes where it stopped (``--overwrite`` redoes everything). Outputs in ``<out>``:
+
+- ``compare.csv``, ``compare.md``: one row per genotype: placements, valid and test headline
+  metric (bits per byte for bytes) as mean ± std over the seeds that finished, diverged runs,
+  mean wall time per run;
+- ``valid_curves.png``: valid metric against step, one colour per genotype, the line the mean
+  over seeds and the band their min-max;
+- TensorBoard: every run's own events (``tensorboard --logdir <out>`` shows ``<label>/seed<i>``)
+  plus ``summary/`` with the mean curves as ``compare/<label>`` and the figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+from .errors import ConfigError, GenotypeError, OutputError
+from .genotype import BASELINES, Genotype
+from .io import save_figure_atomic, write_text_atomic
+
+TABLE = "compare.csv"
+
+
+@dataclass
+class Entry:
+    """One compared genotype: its ``label`` (folder name), the ``spec`` given to ``retrain.py``,
+    and per seed the final metrics (None for a diverged run)."""
+
+    label: str
+    spec: str
+    placements: str = ""
+    runs: list = dataclasses.field(default_factory=list)
+
+
+def labels_for(specs: list[str]) -> list[str]:
+    """Unique folder-safe labels: a baseline's name, or a genotype file's parent folder name
+    (``genotype.json``) or stem, suffixed ``-2``, ``-3``... on collisions."""
+    out: list[str] = []
+    for spec in specs:
+        path = Path(spec)
+        base = spec if spec in BASELINES else (path.parent.name if path.stem in ("genotype", "best_genotype") and path.parent.name else path.stem)
+        base = "".join(c if c.isalnum() or c in "-_." else "_" for c in base) or "genotype"
+        label, k = base, 2
+        while label in out:
+            label, k = f"{base}-{k}", k + 1
+        out.append(label)
+    return out
+
+
+def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
+    """``cfg`` with ``model`` set to the genotype files' dimensions, so the baselines are built at
+    the same size (equal budget).
+
+    Raises:
+        GenotypeError: a file is invalid, or two files differ in model size.
+    """
+    if not genotype_files:
+        return cfg
+    models = []
+    for spec in genotype_files:
+        if not Path(spec).is_file():
+            raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name (one of {list(BASELINES)})")
+        models.append((spec, Genotype.load(spec).model_config(cfg.model)))
+    first_spec, first = models[0]
+    for spec, mc in models[1:]:
+        if mc != first:
+            raise GenotypeError(f"{spec} and {first_spec} have different model sizes; a comparison needs equal budgets")
+    return dataclasses.replace(cfg, model=first)
+
+
+def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: int, out: str | Path,
+                overwrite: bool = False) -> list[Entry]:
+    """Retrain every genotype file and baseline for ``seeds`` seeds and write the report.
+
+    Raises:
+        ConfigError: no genotype at all, ``seeds`` < 1, an unknown baseline.
+        GenotypeError, DataError, OutputError: as ``retrain.py``.
+    """
+    from .run_retrain import METRICS_FILE, run_retrain
+    from .run_search import DivergenceError
+
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
+    unknown = [b for b in baselines if b not in BASELINES]
+    if unknown:
+        raise ConfigError(f"--baselines: unknown {unknown}; expected a comma-separated subset of {list(BASELINES)}")
+    specs = [*genotypes, *baselines]
+    if not specs:
+        raise ConfigError("--compare needs at least one --genotype or baseline")
+    cfg = comparison_config(cfg, genotypes)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} exists and is not a folder")
+    if (out / TABLE).exists() and not overwrite:
+        print(f"note: {out} holds a comparison; finished runs are reused", file=sys.stderr)
+    entries = [Entry(label, spec) for label, spec in zip(labels_for(specs), specs)]
+    for entry in entries:
+        for i in range(seeds):
+            run_dir = out / entry.label / f"seed{i}"
+            seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
+            if (run_dir / METRICS_FILE).exists() and not overwrite:
+                metrics = json.loads((run_dir / METRICS_FILE).read_text())
+            elif (run_dir / "diverged.txt").exists() and not overwrite:
+                metrics = None
+            else:
+                print(f"[compare] {entry.label} seed {seeded.retrain.seed} -> {run_dir}", file=sys.stderr, flush=True)
+                try:
+                    run_retrain(seeded, entry.spec, run_dir, overwrite=True)
+                    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+                except DivergenceError as exc:
+                    write_text_atomic(run_dir / "diverged.txt", f"{exc}\n")
+                    print(f"[compare] {entry.label} seed {seeded.retrain.seed} diverged: {exc}", file=sys.stderr)
+                    metrics = None
+            if metrics is not None:
+                entry.placements = metrics["placements"]
+            entry.runs.append(metrics)
+    write_report(entries, out, cfg)
+    return entries
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
+    """The table (CSV and Markdown), the curves PNG and the TensorBoard summary; returns the files."""
+    from .data import HEADLINE
+
+    headline = HEADLINE[cfg.data.tokenizer]
+    rows = []
+    for e in entries:
+        done = [r for r in e.runs if r is not None]
+        valid = [r["valid"][headline] for r in done]
+        test = [r["test"][headline] for r in done]
+        rows.append({"genotype": e.label, "placements": e.placements, "seeds": len(e.runs),
+                     f"valid_{headline}": _mean_std(valid), f"test_{headline}": _mean_std(test),
+                     "diverged": len(e.runs) - len(done),
+                     "wall_time_s": round(statistics.mean(r["wall_time_s"] for r in done), 1) if done else None,
+                     "_valid_mean": statistics.mean(valid) if valid else float("inf")})
+    cols = [c for c in rows[0] if not c.startswith("_")]
+    csv = ",".join(cols) + "\n" + "\n".join(",".join(_csv_cell(r[c]) for c in cols) for r in rows) + "\n"
+    ranked = sorted(rows, key=lambda r: r["_valid_mean"])
+    md = (f"# Comparison at equal budget\n\n{cfg.retrain.steps} steps of batch {cfg.retrain.batch_size} x "
+          f"{cfg.model.context} tokens, lr {cfg.retrain.lr} ({cfg.retrain.schedule}, {cfg.retrain.warmup_steps} warm-up steps), "
+          f"seeds {cfg.retrain.seed}..{cfg.retrain.seed + len(entries[0].runs) - 1}; {headline} as mean ± std over the "
+          "seeds that did not diverge (lower is better), ranked by valid.\n\n"
+          "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+          + "\n".join("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in ranked) + "\n")
+    files = [write_text_atomic(out / TABLE, csv), write_text_atomic(out / "compare.md", md)]
+    fig = curves_figure(entries, headline)
+    files.append(save_figure_atomic(fig, out / "valid_curves.png"))
+    if cfg.logging.tensorboard:
+        from .tb import Logger
+
+        log = Logger(out / "summary")
+        for e in entries:
+            for step, value in mean_curve(e, headline):
+                log.scalar(f"compare/{e.label}", value, step)
+        log.figure("compare/valid_curves", fig, 0)
+        log.close()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return files
+
+
+def _csv_cell(v) -> str:
+    s = "" if v is None else str(v)
+    return f'"{s}"' if "," in s else s
+
+
+def mean_curve(entry: Entry, headline: str) -> list[tuple[int, float]]:
+    """(step, mean valid metric over the finished seeds) at the steps all of them evaluated."""
+    histories = [{h["step"]: h[headline] for h in r["history"]} for r in entry.runs if r is not None]
+    if not histories:
+        return []
+    steps = sorted(set.intersection(*(set(h) for h in histories)))
+    return [(s, statistics.mean(h[s] for h in histories)) for s in steps]
+
+
+def curves_figure(entries: list[Entry], headline: str):
+    """Valid metric against step: per genotype the mean over seeds and a min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    for k, e in enumerate(entries):
+        histories = [{h["step"]: h[headline] for h in r["history"]} for r in e.runs if r is not None]
+        curve = mean_curve(e, headline)
+        if not curve:
+            continue
+        steps = [s for s, _ in curve]
+        lo = [min(h[s] for h in histories) for s in steps]
+        hi = [max(h[s] for h in histories) for s in steps]
+        color = f"C{k % 10}"
+        ax.plot(steps, [v for _, v in curve], color=color, label=f"{e.label} ({len(histories)} seeds)")
+        ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"valid {headline}")
+    ax.set_title("valid curves: mean over seeds, band = min-max", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,91 @@
+"""retrain.py --compare (equal budget, seeds, table and curves) and python -m autoln.diagnose,
+through the real command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoln.cli import DEFAULT_BASELINES
+from autoln.genotype import BASELINES
+
+from .conftest import ROOT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str, cache: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args, "--set", "logging.progress=false"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env={**os.environ, "XDG_CACHE_HOME": cache})
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("compare-cache"))
+
+
+def test_default_baselines_are_the_registry():
+    assert DEFAULT_BASELINES.split(",") == list(BASELINES)
+
+
+def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, cache):
+    out = tmp_path / "cmp"
+    proc = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", "--out", str(out), cache=cache)
+    with open(out / "compare.csv", newline="") as fh:
+        rows = {r["genotype"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == set(BASELINES)
+    for name, row in rows.items():  # the table is the mean and std of the runs' own metrics
+        vals = [json.loads((out / name / f"seed{i}" / "metrics.json").read_text()) for i in range(2)]
+        assert [v["seed"] for v in vals] == [0, 1] and vals[0]["steps"] == vals[1]["steps"] == 150
+        bpb = [v["valid"]["bits_per_byte"] for v in vals]
+        assert row["valid_bits_per_byte"] == f"{statistics.mean(bpb):.4f} ± {statistics.stdev(bpb):.4f}"
+        assert row["diverged"] == "0" and row["seeds"] == "2"
+    assert rows["mix-ln"]["placements"] == "post pre"
+    assert (out / "valid_curves.png").read_bytes()[:8] == PNG
+    assert "| genotype | placements | seeds | valid_bits_per_byte |" in proc.stdout
+    stamp = (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns
+    again = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", "--out", str(out), cache=cache)
+    assert "finished runs are reused" in again.stderr and "[compare]" not in again.stderr
+    assert (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp
+
+
+def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache):
+    out = tmp_path / "div"
+    run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--baselines", "all-post", "--seeds", "2",
+        "--set", "retrain.lr=1000", "--set", "retrain.steps=20", "--out", str(out), cache=cache)
+    with open(out / "compare.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["diverged"] == "2" and row["valid_bits_per_byte"] == "-"
+    assert "retrain diverged at step" in (out / "all-post" / "seed0" / "diverged.txt").read_text()
+    for args, message in [(("--compare", "--baselines", "all-nope"), "--baselines: unknown ['all-nope']"),
+                          (("--compare", "--seeds", "0"), "--seeds must be a positive integer"),
+                          (("--compare", "--baselines", ""), "needs at least one --genotype or baseline"),
+                          (("--seeds", "2", "--genotype", "all-pre"), "--baselines and --seeds need --compare"),
+                          (("--genotype", "all-pre", "--genotype", "all-post"), "exactly one --genotype")]:
+        bad = run(str(ROOT / "retrain.py"), *args, "--config", TINY, "--out", str(tmp_path / "bad"), cache=cache, check=False)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
+
+
+def test_diagnose_command_prints_tables_and_writes_pngs(tmp_path, cache):
+    out = tmp_path / "diag"
+    proc = run("-m", "autoln.diagnose", "--genotype", "all-post", "--config", TINY, "--steps", "20", "--out", str(out), cache=cache)
+    d = json.loads((out / "diagnostics.json").read_text())
+    assert d["placements"] == "post post" and len(d["init"]["grad_norm_ffn_out"]) == 2
+    assert len(d["init"]["residual_norm"]) == 3 and d["init"]["residual_norm"][1] == pytest.approx(32 ** 0.5, rel=1e-3)
+    assert len(d["update_size"]) == 20 and 0 < d["update_size"][0] < d["update_size"][-1]
+    for name in ("grad_norms", "residual_norms", "angular_distance", "update_size"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG
+    assert "| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance |" in proc.stdout
+    again = run("-m", "autoln.diagnose", "--genotype", "all-post", "--config", TINY, "--out", str(out), cache=cache, check=False)
+    assert again.returncode == 2 and "already holds a finished run (diagnostics.json)" in again.stderr
