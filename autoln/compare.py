@@ -4,7 +4,8 @@ same budget, data order and seeds, and tabulate and plot the result.
 Each (genotype, seed) pair is one ordinary retrain (:func:`autoln.run_retrain.run_retrain`) in
 ``<out>/<label>/seed<i>`` with ``retrain.seed + i``; every genotype sees the same batches at a
 given seed. A pair whose ``metrics.json`` exists is reused, so an interrupted comparison
-resumes where it stopped (``--overwrite`` redoes everything). Outputs in ``<out>``:
+resumes where it stopped; ``compare.json`` records the genotypes and settings, and a re-run
+with other ones is refused (``--overwrite`` redoes everything). Outputs in ``<out>``:
 
 - ``compare.csv``, ``compare.md``: one row per genotype: placements, valid and test headline
   metric (bits per byte for bytes) as mean ± std over the seeds that finished, diverged runs,
@@ -25,11 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config
-from .errors import ConfigError, GenotypeError, OutputError
+from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, Genotype
-from .io import save_figure_atomic, write_text_atomic
+from .io import save_figure_atomic, write_json_atomic, write_text_atomic
+from .training import check_out_dir
 
 TABLE = "compare.csv"
+#: What a comparison folder was made with (specs and config); a re-run must match it.
+RECORD = "compare.json"
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``key (old -> new)`` for every leaf that differs between two nested dicts."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} ({a!r} -> {b!r})")
+    return out
 
 
 @dataclass
@@ -45,14 +61,19 @@ class Entry:
 
 def labels_for(specs: list[str]) -> list[str]:
     """Unique folder-safe labels: a baseline's name, or a genotype file's parent folder name
-    (``genotype.json``) or stem, suffixed ``-2``, ``-3``... on collisions."""
+    (``genotype.json``) or stem, suffixed ``-2``, ``-3``... on collisions. Baselines claim their
+    names first, so ``all-pre`` is always the published placement."""
+    taken = {spec for spec in specs if spec in BASELINES}
     out: list[str] = []
     for spec in specs:
+        if spec in BASELINES:
+            out.append(spec)
+            continue
         path = Path(spec)
-        base = spec if spec in BASELINES else (path.parent.name if path.stem in ("genotype", "best_genotype") and path.parent.name else path.stem)
-        base = "".join(c if c.isalnum() or c in "-_." else "_" for c in base) or "genotype"
+        base = path.parent.name if path.stem in ("genotype", "best_genotype") and path.parent.name else path.stem
+        base = "".join(c if c.isalnum() or c in "-_." else "_" for c in base).lstrip(".") or "genotype"
         label, k = base, 2
-        while label in out:
+        while label in out or label in taken:
             label, k = f"{base}-{k}", k + 1
         out.append(label)
     return out
@@ -69,8 +90,10 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
         return cfg
     models = []
     for spec in genotype_files:
+        if Path(spec).is_dir():
+            raise GenotypeError(f"--genotype {spec!r} is a folder; expected a genotype.json file")
         if not Path(spec).is_file():
-            raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name (one of {list(BASELINES)})")
+            raise GenotypeError(f"--genotype {spec!r}: no such file (baseline names go in --baselines: {list(BASELINES)})")
         models.append((spec, Genotype.load(spec).model_config(cfg.model)))
     first_spec, first = models[0]
     for spec, mc in models[1:]:
@@ -92,18 +115,33 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
+    baselines = [*baselines, *(g for g in genotypes if g in BASELINES and g not in baselines)]
+    genotypes = [g for g in genotypes if g not in BASELINES]
     unknown = [b for b in baselines if b not in BASELINES]
     if unknown:
         raise ConfigError(f"--baselines: unknown {unknown}; expected a comma-separated subset of {list(BASELINES)}")
     specs = [*genotypes, *baselines]
     if not specs:
         raise ConfigError("--compare needs at least one --genotype or baseline")
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise ConfigError(f"--genotype/--baselines name {twice} more than once")
     cfg = comparison_config(cfg, genotypes)
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} exists and is not a folder")
-    if (out / TABLE).exists() and not overwrite:
-        print(f"note: {out} holds a comparison; finished runs are reused", file=sys.stderr)
+    check_out_dir(out, overwrite=False)
+    record = {"specs": specs, "config": {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "retrain")}}
+    record["config"]["retrain"].pop("device", None)
+    record["config"]["retrain"].pop("seed", None)
+    record["config"]["retrain"]["first_seed"] = cfg.retrain.seed
+    previous = out / RECORD
+    if previous.exists() and not overwrite:
+        old = json.loads(previous.read_text())
+        diff = _differences(old, record)
+        if diff:
+            raise ConfigError(f"--out {out} holds a comparison made with other settings ({'; '.join(diff)}); "
+                              "choose another --out or pass --overwrite to redo every run")
+        print(f"note: {out} holds this comparison; finished runs are reused", file=sys.stderr)
+    write_json_atomic(previous, record)
     entries = [Entry(label, spec) for label, spec in zip(labels_for(specs), specs)]
     for entry in entries:
         for i in range(seeds):
@@ -210,7 +248,8 @@ def curves_figure(entries: list[Entry], headline: str):
         lo = [min(h[s] for h in histories) for s in steps]
         hi = [max(h[s] for h in histories) for s in steps]
         color = f"C{k % 10}"
-        ax.plot(steps, [v for _, v in curve], color=color, label=f"{e.label} ({len(histories)} seeds)")
+        ax.plot(steps, [v for _, v in curve], color=color, marker="o" if len(steps) <= 20 else None, ms=3,
+                label=f"{e.label} ({len(histories)} seed{'s' if len(histories) != 1 else ''})")
         ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(f"valid {headline}")

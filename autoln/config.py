@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -258,7 +259,7 @@ class TuneConfig:
     - ``sampler``: ``tpe`` (multivariate, constant liar) | ``random``; seeded with
       ``seed + rank`` where a worker's rank is ``rank_offset`` plus its index on this machine.
     - ``storage``: ``null`` (Optuna's journal file ``study.journal`` in the study folder) or an
-      RDB URL (``sqlite:///tune.db``, ``postgresql://user@host/db``); ``study_name`` names the
+      RDB URL (``sqlite:///tune.db``, ``postgresql+psycopg2://user@host/db``); ``study_name`` names the
       study in it. RDB storages use a heartbeat every ``heartbeat_interval`` s; a trial
       silent for ``grace_period`` s is failed and re-run.
     - ``space``: ``{"section.key": {distribution: [low, high]}}`` with distribution
@@ -294,9 +295,10 @@ class TuneConfig:
             raise ConfigError(f"tune.grace_period ({self.grace_period}) must exceed tune.heartbeat_interval ({self.heartbeat_interval})")
         if self.storage is not None and "://" not in self.storage:
             raise ConfigError(f"tune.storage must be null (a journal file in the study folder) or an RDB URL such as "
-                              f"sqlite:///tune.db or postgresql://user@host/db, got {self.storage!r}")
-        if not self.study_name.strip():
-            raise ConfigError("tune.study_name must not be empty")
+                              f"sqlite:///tune.db or postgresql+psycopg2://user@host/db, got {self.storage!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
+            raise ConfigError(f"tune.study_name must be letters, digits, '.', '_' or '-' (not starting with '.'), "
+                              f"got {self.study_name!r}")
         if not self.space:
             raise ConfigError("tune.space must name at least one key to tune")
 
@@ -489,8 +491,10 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
         if base is not float:
             raise ConfigError(f"{where}: {kind} needs a number key ({key} is {_type_name(hints[name])}); use int or categorical")
         step = spec.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
-            raise ConfigError(f"{where}: step must be a positive number, got {step!r}")
+        if step is not None:
+            n = (high - low) / step if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0 else 0.0
+            if kind != "uniform" or n < 1 or abs(n - round(n)) > 1e-9 * max(1.0, n):
+                raise ConfigError(f"{where}: step must be a positive number that divides high - low, got {step!r}")
     return [_coerce(a, hints[name], key, where) for a in args]
 
 

@@ -104,19 +104,30 @@ FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
 RUN_FILES = (*FINISHED_MARKERS, "checkpoint.pt", "config.yaml")
 
 
-def check_out_dir(out: str | Path, overwrite: bool) -> Path:
+#: Files that mark a folder as a tuning study's (``search.py --tune``).
+STUDY_MARKERS = ("study.journal", "tune.lock", "trials.csv")
+
+
+def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> Path:
     """Check, without touching anything, that ``out`` can hold a new run: it is a folder or can
     be created, and it holds no finished search (``genotype.json``), retrain
     (``metrics.json``) or diagnosis (``diagnostics.json``) unless ``overwrite`` (one folder
     holds one run).
 
+    ``study_ok``: the caller is ``search.py --tune`` (a folder holding a study is its own);
+    every other command refuses such a folder, even with ``overwrite``.
+
     Raises:
         OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
-            writable, or ``out`` holds a finished run and ``overwrite`` is False.
+            writable, ``out`` holds a tuning study (unless ``study_ok``), or ``out`` holds a
+            finished run and ``overwrite`` is False.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")
+    study = [m for m in STUDY_MARKERS if (out / m).exists()]
+    if study and not study_ok:
+        raise OutputError(f"--out {out} holds a tuning study ({study[0]}); choose another folder")
     finished = [m for m in FINISHED_MARKERS if (out / m).exists()]
     if finished and not overwrite:
         raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); choose another folder or pass --overwrite")

@@ -148,9 +148,12 @@ def open_storage(cfg: Config, out: Path):
         driver = "psycopg2-binary" if exc.name and "psycopg" in exc.name else exc.name
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: the database driver '{exc.name}' is not installed "
                           f"(pip install {driver})") from None
-    except Exception as exc:  # sqlalchemy's errors: bad URL, refused connection, ...
+    except Exception as exc:  # sqlalchemy's errors: bad URL, refused connection, missing driver, ...
+        hint = ""
+        if "DB access module" in str(exc) and tc.storage.startswith("postgresql://"):
+            hint = " (name the driver: postgresql+psycopg2://..., installed by pip install -e '.[postgres]')"
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: cannot open the database: "
-                          f"{str(exc).splitlines()[0][:300]}") from None
+                          f"{str(exc).splitlines()[0][:300]}{hint}") from None
 
 
 def retry_callback(cfg: Config):
@@ -169,11 +172,18 @@ def _redact(url: str) -> str:
     return url
 
 
-def make_sampler(cfg: Config, rank: int):
+def sampler_seed(cfg: Config, rank: int, existing: int) -> int:
+    """``tune.seed + rank`` for a fresh study; a worker joining a study that already holds
+    ``existing`` trials adds ``10007 * existing``, so a resumed or extended study does not redraw
+    the parameters of its first trials."""
+    return (cfg.tune.seed + rank + 10007 * existing) % 2**32
+
+
+def make_sampler(cfg: Config, rank: int, existing: int = 0):
     """TPE (multivariate, constant liar for parallel workers) or random, seeded with
-    ``tune.seed + rank``."""
+    :func:`sampler_seed`."""
     optuna = _optuna()
-    seed = cfg.tune.seed + rank
+    seed = sampler_seed(cfg, rank, existing)
     if cfg.tune.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.tune.startup_trials, multivariate=True,
@@ -214,13 +224,16 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
     """
     optuna = _optuna()
     storage = open_storage(cfg, out)
-    kwargs = dict(study_name=cfg.tune.study_name, storage=storage, sampler=make_sampler(cfg, rank),
+    kwargs = dict(study_name=cfg.tune.study_name, storage=storage, sampler=optuna.samplers.RandomSampler(),
                   pruner=make_pruner(cfg))
     where = f"study '{cfg.tune.study_name}' in {_redact(cfg.tune.storage) if cfg.tune.storage else out / JOURNAL_FILE}"
-    if create:
-        study = optuna.create_study(direction="minimize", load_if_exists=True, **kwargs)
-    else:
+    try:
         study = optuna.load_study(**kwargs)
+    except KeyError:
+        if not create:
+            raise ConfigError(f"{where} does not exist") from None
+        study = optuna.create_study(direction="minimize", load_if_exists=True, **kwargs)
+    study.sampler = make_sampler(cfg, rank, len(study.get_trials(deepcopy=False)))
     if study.direction != optuna.study.StudyDirection.MINIMIZE or len(study.directions) != 1:
         raise ConfigError(f"{where} is not a single-objective minimisation study; autoln's studies minimise "
                           "the valid loss (choose another tune.study_name)")
@@ -235,8 +248,10 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
         diff = [f"{k} ({theirs.get(k, default.get(k))!r} in the study, {mine.get(k, default.get(k))!r} now)"
                 for k in sorted(set(theirs) | set(mine)) if theirs.get(k, default.get(k)) != mine.get(k, default.get(k))]
         if diff:
+            fix = ("choose another tune.study_name, or pass --overwrite to delete that study from the database"
+                   if cfg.tune.storage else "choose another tune.study_name or --out, or pass --overwrite")
             raise ConfigError(f"{where} was made with another config; differing keys: {'; '.join(diff)}. "
-                              "Re-run with the study's config, or choose another tune.study_name or --out, or pass --overwrite")
+                              f"Re-run with the study's config, or {fix}")
     return study
 
 
@@ -478,9 +493,9 @@ class _FolderLock:
         self.fh.close()
 
 
-def check_tune_dir(out: Path) -> None:
-    """Refuse a folder that cannot hold a study: a file, an unwritable place, or a folder that
-    holds a single search or retrain run.
+def check_tune_dir(out: Path, overwrite: bool = False) -> None:
+    """Refuse a folder that cannot hold a study: a file, an unwritable place, or (unless
+    ``overwrite``) a folder that holds a single search, retrain or diagnosis.
 
     Raises:
         OutputError: naming ``--out`` and what is wrong.
@@ -488,9 +503,10 @@ def check_tune_dir(out: Path) -> None:
     from .training import FINISHED_MARKERS, check_out_dir
 
     single = [m for m in FINISHED_MARKERS if (out / m).exists()]
-    if single:
-        raise OutputError(f"--out {out} holds a single search or retrain run ({single[0]}), not a study; choose another folder")
-    check_out_dir(out, overwrite=False)
+    if single and not overwrite:
+        raise OutputError(f"--out {out} holds a single search or retrain run ({single[0]}), not a study; "
+                          "choose another folder or pass --overwrite")
+    check_out_dir(out, overwrite=True, study_ok=True)
 
 
 def preflight(cfg: Config) -> None:
@@ -528,14 +544,16 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
     out = Path(out)
     if workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {workers}")
-    check_tune_dir(out)
+    check_tune_dir(out, overwrite)
     cfg.validate_space()
     preflight(cfg)
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
     lock = _FolderLock(out)
+    study = None
     try:
         if overwrite:
             _clear(cfg, out)
@@ -560,6 +578,15 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         best = _best(study)
         return TuneResult(out, c, best.number if best else None, best.value if best else None, files,
                           time.perf_counter() - started)
+    except KeyboardInterrupt:
+        if study is not None:  # keep the report of what finished; the interrupted trial is queued to re-run
+            write_report(open_study(cfg, out, cfg.tune.rank_offset), cfg, out)
+        raise
+    except AutolnError:
+        if created and study is None:  # refused before anything was written: leave no folder behind
+            lock.release()
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         lock.release()
 

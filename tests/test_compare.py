@@ -39,6 +39,13 @@ def test_default_baselines_are_the_registry():
     assert DEFAULT_BASELINES.split(",") == list(BASELINES)
 
 
+def test_labels_are_unique_and_baselines_keep_their_names():
+    from autoln.compare import labels_for
+
+    assert labels_for(["runs/all-pre/genotype.json", "x/best_genotype.json", "y/x.json", "all-pre"]) == \
+        ["all-pre-2", "x", "x-2", "all-pre"]
+
+
 def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, cache):
     out = tmp_path / "cmp"
     proc = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", "--out", str(out), cache=cache)
@@ -68,6 +75,9 @@ def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache)
         (row,) = list(csv.DictReader(fh))
     assert row["diverged"] == "2" and row["valid_bits_per_byte"] == "-"
     assert "retrain diverged at step" in (out / "all-post" / "seed0" / "diverged.txt").read_text()
+    other = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--baselines", "all-post", "--seeds", "2",
+                "--set", "retrain.lr=1000", "--set", "retrain.steps=30", "--out", str(out), cache=cache, check=False)
+    assert other.returncode == 2 and "made with other settings (config.retrain.steps (20 -> 30))" in other.stderr
     for args, message in [(("--compare", "--baselines", "all-nope"), "--baselines: unknown ['all-nope']"),
                           (("--compare", "--seeds", "0"), "--seeds must be a positive integer"),
                           (("--compare", "--baselines", ""), "needs at least one --genotype or baseline"),

@@ -121,6 +121,7 @@ def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
     ("{}", "tune.space must name at least one key"),
     ("{data.tokenizer: {categorical: [bytes, chars]}}", "data.tokenizer cannot be tuned"),
     ("{retrain.steps: {int: [10, 20]}}", "retrain.steps cannot be tuned"),
+    ("{search.lr: {uniform: [0.001, 0.01], step: 2}}", "step must be a positive number that divides high - low"),
 ])
 def test_space_errors_name_the_key(space, message):
     with pytest.raises(ConfigError) as err:
@@ -220,7 +221,14 @@ def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
     again = tune(out, "--set", "tune.n_trials=4", cache=cache)
     assert "4/4 finished" in again.stdout and (out / "trials.csv").read_text() == before
     more = tune(out, "--set", "tune.n_trials=5", cache=cache)
-    assert "5/5 finished" in more.stdout and len(finished(rows(out))) == 5
+    table = rows(out)
+    assert "5/5 finished" in more.stdout and len(finished(table)) == 5
+    assert table[4]["search.arch_lr"] not in {r["search.arch_lr"] for r in table[:4]}  # the resumed sampler draws anew
+    for script in ("search.py", "retrain.py"):  # a study folder is the study's own
+        other = subprocess.run([sys.executable, str(ROOT / script), "--genotype", "all-pre", "--config", TINY, "--out", str(out)]
+                               if script == "retrain.py" else [sys.executable, str(ROOT / script), "--config", TINY, "--out", str(out)],
+                               capture_output=True, text=True, env={**os.environ, "XDG_CACHE_HOME": cache})
+        assert other.returncode == 2 and "holds a tuning study" in other.stderr
     bad = tune(out, "--set", "tune.n_trials=5", "--set", "search.steps=50", cache=cache, check=False)
     assert bad.returncode == 2 and "search.steps (100 in the study, 50 now)" in bad.stderr
     assert "Traceback" not in bad.stderr and len(rows(out)) == 5
@@ -308,6 +316,9 @@ def test_bad_input_is_refused_before_any_trial(tmp_path, cache):
     (tmp_path / "single" / "genotype.json").write_text("{}")
     single = tune(tmp_path / "single", *FAST, cache=cache, check=False)
     assert single.returncode == 2 and "holds a single search or retrain run" in single.stderr
+    storage = tune(tmp_path / "new", *FAST, "--set", "tune.storage=sqlite:////nonexistent/dir/t.db", cache=cache, check=False)
+    assert storage.returncode == 2 and "tune.storage sqlite:////nonexistent/dir/t.db: cannot open the database" in storage.stderr
+    assert not (tmp_path / "new").exists()  # refused before anything was written
     workers = tune(tmp_path / "w", *FAST, "--workers", "0", cache=cache, check=False)
     assert workers.returncode == 2 and "--workers must be a positive integer" in workers.stderr
     plain = subprocess.run([sys.executable, str(ROOT / "search.py"), "--workers", "2"], capture_output=True, text=True)
