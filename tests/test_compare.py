@@ -99,3 +99,14 @@ def test_diagnose_command_prints_tables_and_writes_pngs(tmp_path, cache):
     assert "| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance |" in proc.stdout
     again = run("-m", "autoln.diagnose", "--genotype", "all-post", "--config", TINY, "--out", str(out), cache=cache, check=False)
     assert again.returncode == 2 and "already holds a finished run (diagnostics.json)" in again.stderr
+
+
+def test_reproduction_script_part_a_writes_its_report(tmp_path, cache):
+    out = tmp_path / "repro"
+    run(str(ROOT / "experiments" / "reproduce_papers.py"), "--config", TINY, "--parts", "a", "--grad-seeds", "2",
+        "--out", str(out), cache=cache)
+    report = (out / "report.md").read_text()
+    assert "### (a) Gradient norm at initialisation (Xiong et al. 2020, Fig. 3):" in report and "| post-LN |" in report
+    numbers = json.loads((out / "report.json").read_text())["a"]
+    assert len(numbers["grad_norm_ffn_out"]["post"]) == 12 and numbers["verdict"] in ("reproduced", "not reproduced")
+    assert (out / "a_grad_norms.png").read_bytes()[:8] == PNG
