@@ -222,9 +222,14 @@ def _csv_cell(v) -> str:
     return f'"{s}"' if "," in s else s
 
 
+def _histories(entry: Entry, headline: str) -> list[dict[int, float]]:
+    """Per finished seed, ``{step: valid metric}`` from its ``metrics.json`` history."""
+    return [{h["step"]: h[headline] for h in r["history"]} for r in entry.runs if r is not None]
+
+
 def mean_curve(entry: Entry, headline: str) -> list[tuple[int, float]]:
     """(step, mean valid metric over the finished seeds) at the steps all of them evaluated."""
-    histories = [{h["step"]: h[headline] for h in r["history"]} for r in entry.runs if r is not None]
+    histories = _histories(entry, headline)
     if not histories:
         return []
     steps = sorted(set.intersection(*(set(h) for h in histories)))
@@ -240,7 +245,7 @@ def curves_figure(entries: list[Entry], headline: str):
 
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
     for k, e in enumerate(entries):
-        histories = [{h["step"]: h[headline] for h in r["history"]} for r in e.runs if r is not None]
+        histories = _histories(e, headline)
         curve = mean_curve(e, headline)
         if not curve:
             continue

@@ -119,11 +119,9 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     log.close()
 
     result = {"genotype": genotype_spec, "placements": genotype.describe(), "batch_windows": int(x.shape[0]),
-              "init": init, "update_size": updates, "loss": losses, "loss_spikes": spikes.spikes,
-              "spike_factor": rc.spike_factor, "diverged_at": diverged, "figures": files}
-    clean = {k: v for k, v in result.items() if k != "loss"}
-    clean["loss"] = [v if math.isfinite(v) else None for v in losses]
-    write_json_atomic(out / "diagnostics.json", clean)
+              "init": init, "update_size": updates, "loss": [v if math.isfinite(v) else None for v in losses],
+              "loss_spikes": spikes.spikes, "spike_factor": rc.spike_factor, "diverged_at": diverged, "figures": files}
+    write_json_atomic(out / "diagnostics.json", result)
 
     print(f"diagnostics of {genotype.describe()} ({genotype_spec}), {x.shape[0]} valid windows of {mc.context} tokens")
     print("\n| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance |\n|---|---|---|---|---|")
@@ -138,7 +136,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     print(f"wrote {out / 'diagnostics.json'} and {len(files)} PNGs in {out}")
     if diverged:
         raise DivergenceError(f"the loss became {losses[-1]} at step {diverged}; the diagnostics up to it are in {out}")
-    return clean
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

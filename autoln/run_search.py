@@ -55,6 +55,13 @@ def last_checkpoint(out: Path) -> str:
     return f"the last good checkpoint is {ckpt}" if ckpt.exists() else "no checkpoint was written before it (none before the first evaluation)"
 
 
+def check_searchable(mc) -> None:
+    """Raise :class:`ConfigError` unless ``mc.candidates`` (a :class:`ModelConfig`'s) offers a
+    choice: a search needs at least two candidate placements."""
+    if len(mc.candidates) < 2:
+        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
+
+
 def weak_preference(probs: np.ndarray, margin: float = 0.05) -> bool:
     """True when at every site the top probability beats the runner-up by less than ``margin``:
     the argmax genotype is then a weak preference (e.g. alphas moved little in a short search)."""
@@ -104,8 +111,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     started = time.perf_counter()
     sc, mc = cfg.search, cfg.model
     check_out_dir(out, overwrite)
-    if len(mc.candidates) < 2:
-        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
+    check_searchable(mc)
     device = resolve_device(sc.device)
     corpus = load_corpus(cfg.data)
     check_lengths(corpus, mc.context)

@@ -517,10 +517,10 @@ def preflight(cfg: Config) -> None:
         DataError, ConfigError: as :func:`autoln.run_search.run_search` would.
     """
     from .data import check_lengths, load_corpus
+    from .run_search import check_searchable
     from .training import resolve_device
 
-    if len(cfg.model.candidates) < 2:
-        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {cfg.model.candidates}")
+    check_searchable(cfg.model)
     resolve_device(cfg.search.device)
     resolve_device(cfg.retrain.device)
     check_lengths(load_corpus(cfg.data), cfg.model.context)
@@ -575,7 +575,7 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         study = open_study(cfg, out, cfg.tune.rank_offset)
         files = write_report(study, cfg, out)
         c = census(study)
-        best = _best(study)
+        best = best_trial(study)
         return TuneResult(out, c, best.number if best else None, best.value if best else None, files,
                           time.perf_counter() - started)
     except KeyboardInterrupt:
@@ -591,7 +591,8 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         lock.release()
 
 
-def _best(study):
+def best_trial(study):
+    """The complete trial with the lowest value (the study minimises), or None before any completes."""
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

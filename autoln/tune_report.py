@@ -25,7 +25,7 @@ from typing import Any
 from .config import Config
 from .genotype import Genotype
 from .io import save_figure_atomic, write_text_atomic
-from .tune import _headline, _optuna, census, outcome
+from .tune import _headline, _optuna, best_trial, census, outcome
 
 BEST_FILE = "best_genotype.json"
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")
@@ -81,15 +81,12 @@ def write_report(study, cfg: Config, out: Path) -> list[Path]:
     Raises:
         OSError: the folder is not writable (files already written stay whole).
     """
-    from optuna.trial import TrialState
-
     rows = trial_rows(study, cfg)
     files = [write_text_atomic(out / "trials.csv", _csv(rows))]
     for t in study.get_trials(deepcopy=False):
         if t.user_attrs.get("genotype"):
             files.append(Genotype.from_dict(t.user_attrs["genotype"], f"trial {t.number}").save(out / "genotypes" / f"{t.number:04d}.json"))
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    best = min(done, key=lambda t: t.value) if done else None
+    best = best_trial(study)
     if best is not None:
         genotype = Genotype.from_dict(best.user_attrs["genotype"], f"trial {best.number}")
         genotype.provenance["tune"] = {"study": cfg.tune.study_name, "trial": best.number, "score": best.value,

@@ -122,6 +122,11 @@ def _curves(runs: dict[str, dict], headline: str, path: Path, title: str) -> Non
     plt.close(fig)
 
 
+def _valid(m: dict, headline: str) -> float:
+    """The final valid metric of a run, inf when it diverged."""
+    return float("inf") if "diverged" in m else m["valid"][headline]
+
+
 def _final(m: dict, headline: str) -> str:
     return "diverged" if "diverged" in m else f"{m['valid'][headline]:.4f}"
 
@@ -139,12 +144,8 @@ def part_b(cfg, out: Path, lr: float, warmup: int, steps: int) -> tuple[str, dic
                                                            out / "b" / f"{placement}-warmup{w}")
     _curves(runs, headline, out / "b_warmup.png", f"(b) peak lr {lr}, Adam, with / without warm-up")
 
-    def value(name):
-        m = runs[name]
-        return float("inf") if "diverged" in m else m["valid"][headline]
-
-    post_gap = value(f"post-LN warm-up 0") - value(f"post-LN warm-up {warmup}")
-    pre_gap = value(f"pre-LN warm-up 0") - value(f"pre-LN warm-up {warmup}")
+    post_gap = _valid(runs["post-LN warm-up 0"], headline) - _valid(runs[f"post-LN warm-up {warmup}"], headline)
+    pre_gap = _valid(runs["pre-LN warm-up 0"], headline) - _valid(runs[f"pre-LN warm-up {warmup}"], headline)
     verdict = "reproduced" if post_gap > 0.05 and post_gap > 2 * max(pre_gap, 0.0) else "not reproduced"
     rows = "\n".join(f"| {n} | {_final(m, headline)} | {m.get('diagnostics', {}).get('loss_spikes', '-')} |" for n, m in runs.items())
     text = (f"### (b) Warm-up with Adam at a high peak learning rate (Xiong et al. 2020, §3): {verdict}\n\n"
@@ -165,9 +166,7 @@ def part_c(cfg, out: Path, layers: int, steps: int) -> tuple[str, dict]:
     deep = dataclasses.replace(cfg, model=mc, retrain=rc)
     runs = {name: _retrain(deep, name, out / "c" / name) for name in ("all-post", "all-deepnorm", "all-pre")}
     _curves(runs, headline, out / "c_deep.png", f"(c) {layers} blocks of width 64")
-    post, dn = runs["all-post"], runs["all-deepnorm"]
-    post_v = float("inf") if "diverged" in post else post["valid"][headline]
-    dn_v = float("inf") if "diverged" in dn else dn["valid"][headline]
+    post_v, dn_v = _valid(runs["all-post"], headline), _valid(runs["all-deepnorm"], headline)
     verdict = "reproduced" if dn_v < post_v - 0.05 else "not reproduced"
     rows = "\n".join(f"| {n} | {_final(m, headline)} | {m.get('diagnostics', {}).get('loss_spikes', '-')} | "
                      f"{_max_update(m)} |" for n, m in runs.items())
