@@ -16,7 +16,13 @@ The alpha objective on a D_alpha batch is
   optimizer is never touched.
 
 With a stochastic mixing (Gumbel) one noise draw serves every pass of one step, so the
-finite difference compares like with like.
+finite difference compares like with like. Under bf16 autocast the two finite-difference passes
+run in fp32 (:func:`autoln.model.full_precision`).
+
+Under ``torchrun`` every gradient is averaged over the processes as soon as it is computed
+(:func:`autoln.distributed.average_`): the virtual step's, ``v``, and the final ``g_alpha``
+(linear in the per-process batches once ``w'`` and ``v`` are shared), so every process takes the
+same alpha step.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from typing import Optional
 
 import torch
 
+from . import distributed
 from .config import SearchConfig
 from .mixing import Noise, beta_regulariser, linear, zero_one_loss
+from .model import full_precision
 from .supernet import Supernet
-from .training import clip_and_norm
+from .training import finish_step, on_cuda
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -49,7 +57,7 @@ class Architect:
     def __init__(self, model: Supernet, cfg: SearchConfig) -> None:
         self.model, self.cfg = model, cfg
         self.optimizer = torch.optim.Adam(model.arch_parameters(), lr=cfg.arch_lr, betas=cfg.arch_betas,
-                                          weight_decay=cfg.arch_weight_decay)
+                                          weight_decay=cfg.arch_weight_decay, fused=on_cuda(model.alphas) or None)
 
     # --- objectives ------------------------------------------------------------------------
 
@@ -77,6 +85,7 @@ class Architect:
         weights = self.model.weight_parameters()
         backup = [p.detach().clone() for p in weights]
         grads = torch.autograd.grad(self._ce(batch_w, gumbel), weights)
+        distributed.average_(grads)
         with torch.no_grad():
             for p, g in zip(weights, grads):
                 p.sub_(xi * g)
@@ -103,7 +112,8 @@ class Architect:
             with torch.no_grad():
                 for p, b, d in zip(weights, backup, v):
                     p.copy_(b).add_(d, alpha=float(sign * eps))
-            (g,) = torch.autograd.grad(self._ce(batch_w, gumbel), [self.model.alphas])
+            with full_precision(self.model):
+                (g,) = torch.autograd.grad(self._ce(batch_w, gumbel), [self.model.alphas])
             grads.append(g)
         return (grads[0] - grads[1]) / (2 * eps)
 
@@ -126,16 +136,20 @@ class Architect:
         if self.cfg.order == 1:
             total, ce = self.alpha_objective(batch_alpha, gumbel, step)
             (g,) = torch.autograd.grad(total, [alphas])
-            return ce.item(), g
-        weights = self.model.weight_parameters()
-        backup = self.virtual_step(batch_w, xi, gumbel)
-        try:
-            total, ce = self.alpha_objective(batch_alpha, gumbel, step)
-            *v, g_direct = torch.autograd.grad(total, weights + [alphas])
-            hvp = self.hessian_vector_product(backup, v, batch_w, gumbel)
-        finally:
-            self.restore(backup)
-        return ce.item(), g_direct - xi * hvp
+        else:
+            weights = self.model.weight_parameters()
+            backup = self.virtual_step(batch_w, xi, gumbel)
+            try:
+                total, ce = self.alpha_objective(batch_alpha, gumbel, step)
+                *v, g_direct = torch.autograd.grad(total, weights + [alphas])
+                distributed.average_(v)
+                hvp = self.hessian_vector_product(backup, v, batch_w, gumbel)
+            finally:
+                self.restore(backup)
+            g = g_direct - xi * hvp
+        ce = ce.detach().reshape(1).clone()
+        distributed.average_([g, ce])
+        return ce.item(), g
 
     def step(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int) -> float:
         """One alpha update (first- or second-order per ``cfg.order``); the weights and their
@@ -162,13 +176,12 @@ def weight_step(model: Supernet, optimizer: torch.optim.Optimizer, scheduler, x:
     (``backward(inputs=weights)``), clipped to ``grad_clip``; then the scheduler steps.
     ``noise``: SDARTS-RS uniform noise on the mixing weights (Chen & Hsieh 2020).
 
+    Under ``torchrun`` the gradients and the loss are averaged over the processes.
+
     Returns ``(L_w in nats/token, gradient norm before clipping)``.
     """
     weights = model.weight_parameters()
     optimizer.zero_grad(set_to_none=True)
-    _, loss = model(x, y, mix=model.mixing_weights(model.draw_gumbel(), noise))
+    _, loss = model(x, y, mix=model.mixing_weights(model.draw_gumbel(), noise).detach())  # no path to the alphas
     loss.backward(inputs=weights)
-    norm = clip_and_norm(weights, grad_clip)
-    optimizer.step()
-    scheduler.step()
-    return loss.item(), norm
+    return finish_step(weights, loss, optimizer, scheduler, grad_clip)

@@ -8,6 +8,11 @@
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
 training diverged, 130 on Ctrl-C.
+
+Data-parallel: ``torchrun --nproc_per_node N search.py ...`` (or ``retrain.py``) trains one
+model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes.
+``--tune`` and ``--compare`` run several jobs and refuse ``torchrun`` (``--tune`` has its own
+``--workers``).
 """
 
 from __future__ import annotations
@@ -35,25 +40,60 @@ def _parser(prog: str, description: str, section: str, default_out: str) -> argp
 
 
 def guarded(body: Callable[[], None]) -> int:
-    """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an exit status."""
+    """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an
+    exit status; leave the ``torchrun`` process group, if any, at the end."""
+    say = print
     try:
-        from .run_search import DivergenceError  # inside the try: Ctrl-C may come while torch imports
+        from . import distributed  # inside the try: Ctrl-C may come while torch imports
+        from .run_search import DivergenceError
 
+        say = _on_main(distributed)
         try:
             body()
         except DivergenceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}", file=sys.stderr)
             return EXIT_DIVERGED
+        finally:
+            distributed.shutdown()
     except AutolnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:  # a file the system refuses (permissions, full disk, ...)
-        print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _on_main(distributed) -> Callable[..., None]:
+    """``print`` for rank 0 only once a process group exists (each process raises the same
+    error, so one copy is enough); plain ``print`` before that."""
+    def say(*args, **kwargs) -> None:
+        if distributed.is_main():
+            print(*args, **kwargs)
+    return say
+
+
+def _shared_out(out, device_name: str):
+    """The run folder, rank 0's under ``torchrun`` (a default folder is named by the time,
+    which may differ between processes); joins the process group first."""
+    from . import distributed
+    from .training import resolve_device
+
+    if distributed.launched():
+        distributed.init(resolve_device(device_name))
+    return distributed.from_main(out)
+
+
+def _refuse_torchrun(option: str) -> None:
+    from . import distributed
+    from .errors import ConfigError
+
+    if distributed.launched():
+        raise ConfigError(f"{option} runs several jobs and cannot run under torchrun; start it with plain python"
+                          + (" (use --workers N for parallel trials)" if option == "--tune" else ""))
 
 
 def _command(script: str, *args: str) -> str:
@@ -82,10 +122,16 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         from .run_search import run_search, weak_preference
         from .training import default_out_dir
 
+        from . import distributed
+
         cfg = load_config(args.config, args.overrides)
         if args.tune:
+            _refuse_torchrun("--tune")
             return _tune(cfg, args)
-        result = run_search(cfg, args.out or default_out_dir("search"), args.overwrite)
+        out = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
+        result = run_search(cfg, out, args.overwrite)
+        if not distributed.is_main():
+            return
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
         print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {result.valid[headline]:.4f}\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
@@ -145,13 +191,18 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
 
         cfg = load_config(args.config, args.overrides)
         if args.compare:
+            _refuse_torchrun("--compare")
             return _compare(cfg, args)
+        from . import distributed
         from .genotype import BASELINES
         from .run_retrain import run_retrain
 
         spec = args.genotype[0]
         tag = spec if spec in BASELINES else ""
-        result = run_retrain(cfg, spec, args.out or default_out_dir("retrain", tag), args.overwrite)
+        out = _shared_out(args.out or default_out_dir("retrain", tag), cfg.retrain.device)
+        result = run_retrain(cfg, spec, out, args.overwrite)
+        if not distributed.is_main():
+            return
         lines = [f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "windows")
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")

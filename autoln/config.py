@@ -31,6 +31,7 @@ from .placements import NORMS, PLACEMENTS
 
 TOKENIZERS = ("bytes", "chars", "words")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
+PRECISIONS = ("auto", "fp32", "bf16")
 GRANULARITIES = ("layer", "sublayer")
 
 
@@ -113,7 +114,13 @@ class TrainConfig:
     ``inverse_sqrt`` (Vaswani et al. 2017) or ``constant`` (:func:`autoln.training.lr_factor`). ``grad_clip``: max global
     gradient norm (0 disables). ``eval_every``: steps between validation evaluations, each on
     ``eval_windows`` fixed windows of the valid split. ``device``: ``auto`` (CUDA when
-    available), ``cpu`` or ``cuda``.
+    available), ``cpu`` or ``cuda``. ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 on
+    CPU), ``fp32`` or ``bf16`` (autocast of the forward passes; weights, optimizer states and
+    the loss stay fp32). ``compile``: ``torch.compile`` each Transformer block (regional
+    compilation: one compiled graph serves every block of the same placements).
+
+    ``batch_size`` is the global batch: under ``torchrun`` each of the N processes takes
+    ``batch_size / N`` of its rows, so a run sees the same batches whatever N.
     """
 
     steps: int = 600
@@ -129,6 +136,8 @@ class TrainConfig:
     eval_windows: int = 64
     seed: int = 0
     device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
 
     def validate(self, section: str) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_windows"):
@@ -141,6 +150,7 @@ class TrainConfig:
             if not 0.0 <= b < 1.0:
                 raise ConfigError(f"{section}.betas must lie in [0, 1), got {list(self.betas)}")
         _one_of(f"{section}.device", self.device, ("auto", "cpu", "cuda"))
+        _one_of(f"{section}.precision", self.precision, PRECISIONS)
         _one_of(f"{section}.schedule", self.schedule, SCHEDULE_NAMES)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{section}.seed must be in [0, 2^32), got {self.seed}")

@@ -64,7 +64,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     from .run_retrain import DIAG_WINDOWS, log_diagnostics, prepare_derived
     from .run_search import DivergenceError
     from .tb import Logger
-    from .training import prepare_out_dir, seed_everything, train_step, weight_optimizer
+    from .training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
 
     if steps < 1:
         raise ConfigError(f"--steps must be a positive integer, got {steps}")
@@ -72,7 +72,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
     mc = cfg.model
     seed_everything(rc.seed)
-    model = build_derived(mc, corpus.vocab_size, genotype.block_placements()).to(device)
+    model = prepare_model(build_derived(mc, corpus.vocab_size, genotype.block_placements()), device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])

@@ -13,7 +13,8 @@ logits ``(B, T, vocab_size)``; losses are mean cross-entropy in nats per token.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -81,10 +82,11 @@ class Site(nn.Module):
     """One sublayer site: a branch wrapped by one or several candidate placements (DESIGN §3).
 
     With one candidate it is the derived model's sublayer. With several it is the supernet's
-    mixed sublayer ``sum_k w_k * y_k(x)``: candidates that feed the branch the same input
-    share one call of it, and the distinct inputs (``x`` for Post-LN and DeepNorm, ``LN(x)``
-    for Pre-LN) go through the branch in a single call on a batch stacked along dim 0, so a
-    site with pre/post/deepnorm costs two branch evaluations, not three.
+    mixed sublayer ``sum_k w_k * y_k(x)``: candidates that feed the branch the raw stream ``x``
+    (Post-LN, DeepNorm) share one call of it, so a site with pre/post/deepnorm costs two branch
+    evaluations (``F(x)`` and ``F(LN(x))``), not three; the weighted sum is accumulated by
+    :meth:`autoln.placements.Placement.mix_into`. (Two calls, not one call on the two inputs
+    stacked along the batch: equally fast on CPU, without the copy into the stacked batch.)
 
     Args:
         candidates: placement names, in the order of the mixing weights.
@@ -104,13 +106,13 @@ class Site(nn.Module):
             return placements[0](x, branch)
         if weights is None:
             raise ValueError("a site with several candidates needs mixing weights")
-        raw = any(p.raw_input for p in placements)
-        inputs = ([x] if raw else []) + [p.branch_input(x) for p in placements if not p.raw_input]
-        outputs = branch(torch.cat(inputs, dim=0)).chunk(len(inputs), dim=0) if len(inputs) > 1 else [branch(inputs[0])]
-        out, own = 0.0, iter(outputs[1:] if raw else outputs)
-        for k, p in enumerate(placements):
-            fx = outputs[0] if p.raw_input else next(own)
-            out = out + weights[k] * p.output(x, fx)
+        fx_raw = branch(x) if any(p.raw_input for p in placements) else None
+        out = None
+        # norm-ending candidates first: they start the sum, the others join it with addcmul
+        for k in sorted(range(len(placements)), key=lambda k: not placements[k].ends_in_norm):
+            p = placements[k]
+            fx = fx_raw if p.raw_input else branch(p.branch_input(x))
+            out = p.mix_into(out, x, fx, weights[k])
         return out
 
 
@@ -167,6 +169,9 @@ class TransformerLM(nn.Module):
         self.norm_f = NORMS[cfg.norm](cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
+        #: dtype of the forward pass' autocast (``torch.bfloat16`` on CUDA by default; set by
+        #: :func:`autoln.training.prepare_model`), None for plain fp32.
+        self.autocast_dtype: Optional[torch.dtype] = None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -202,13 +207,28 @@ class TransformerLM(nn.Module):
         ``mix`` ``(n_layers, 2, K)`` supernet mixing weights or None.
 
         Returns ``(logits (B, T, V), loss)`` with ``loss`` the mean cross-entropy in nats per
-        token (None without targets)."""
-        x = self.hidden_states(idx, mix)[-1]
-        logits = self.lm_head(self.norm_f(x))
+        token (None without targets), computed in fp32 even under autocast (the logits are
+        then bf16)."""
+        dtype = self.autocast_dtype
+        with torch.autocast(idx.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            x = self.hidden_states(idx, mix)[-1]
+            logits = self.lm_head(self.norm_f(x))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+
+@contextmanager
+def full_precision(model: TransformerLM) -> Iterator[None]:
+    """Run ``model``'s forward passes in fp32 inside the block, whatever its autocast dtype:
+    for computations that difference nearby values (the second-order finite difference, the
+    alpha Hessian), where bf16's 8-bit mantissa would drown the signal."""
+    saved, model.autocast_dtype = model.autocast_dtype, None
+    try:
+        yield
+    finally:
+        model.autocast_dtype = saved
 
 
 def build_derived(cfg: ModelConfig, vocab_size: int, placements: Sequence[tuple[str, str]]) -> TransformerLM:

@@ -15,6 +15,7 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .mixing import site_entropy
+from .model import full_precision
 from .supernet import Supernet
 
 #: R-DARTS rule: stop when the smoothed eigenvalue exceeds RATIO times its value LAG
@@ -28,7 +29,8 @@ def alpha_hessian(model: Supernet, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     dropout), as a symmetric ``(n_sites * K, n_sites * K)`` matrix.
 
     Uses ``torch.autograd.functional.hessian`` over ``functional_call``; attention runs on
-    SDPA's math backend, which supports double backward.
+    SDPA's math backend, which supports double backward, in fp32 and with compiled blocks run
+    eagerly (compiled graphs have no double backward).
     """
     was_training = model.training
     model.eval()
@@ -38,7 +40,7 @@ def alpha_hessian(model: Supernet, x: torch.Tensor, y: torch.Tensor) -> torch.Te
         return functional_call(model, {"alphas": a}, (x, y))[1]
 
     try:
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), full_precision(model), torch.compiler.set_stance("force_eager"):
             h = torch.autograd.functional.hessian(loss, alphas)
     finally:
         model.train(was_training)

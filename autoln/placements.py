@@ -8,7 +8,11 @@ candidate is one class and one registry line. A placement declares
   DeepNorm; placements with ``raw_input = True`` feed ``x`` and so share one call of ``F``);
 - ``output(x, fx)``: how ``F``'s output joins the residual stream;
 - ``init_gain(n_layers)``: the gain the *derived* model applies to the branch's value, output
-  and FFN weights at initialisation (1 for all but DeepNorm).
+  and FFN weights at initialisation (1 for all but DeepNorm);
+- ``mix_into(acc, x, fx, w)``: ``acc + w * output(x, fx)``, one term of the supernet's
+  mixture. Placements that end in a norm (``ends_in_norm``) fold ``w`` into the norm's gain and
+  bias (``w * LN_{g,b}(z) = LN_{w g, w b}(z)``); the others use one fused ``addcmul``. Either
+  way one full-size operation per candidate and site is saved.
 
 All tensors are ``(batch, time, d_model)`` floats.
 """
@@ -16,9 +20,10 @@ All tensors are ``(batch, time, d_model)`` floats.
 from __future__ import annotations
 
 import abc
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 #: Norm types by config name (``model.norm``). Each is built as ``NORMS[name](d_model)``.
@@ -26,6 +31,28 @@ NORMS: dict[str, Callable[[int], nn.Module]] = {
     "layernorm": lambda d: nn.LayerNorm(d),
     "rmsnorm": lambda d: nn.RMSNorm(d),
 }
+
+
+def scaled_norm(norm: nn.Module, z: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``scale * norm(z)`` computed as one norm whose elementwise gain and bias are multiplied
+    by ``scale`` (a scalar tensor): equal up to rounding, one full-size ``(B, T, d_model)``
+    operation fewer. ``norm``: an :class:`torch.nn.LayerNorm` or :class:`torch.nn.RMSNorm`
+    built by :data:`NORMS`.
+
+    Raises:
+        TypeError: another norm type.
+    """
+    if isinstance(norm, nn.LayerNorm):
+        weight = None if norm.weight is None else norm.weight * scale
+        bias = None if norm.bias is None else norm.bias * scale
+        if weight is None:
+            return scale * F.layer_norm(z, norm.normalized_shape, None, bias, norm.eps)
+        return F.layer_norm(z, norm.normalized_shape, weight, bias, norm.eps)
+    if isinstance(norm, nn.RMSNorm):
+        if norm.weight is None:
+            return scale * norm(z)
+        return F.rms_norm(z, norm.normalized_shape, norm.weight * scale, norm.eps)
+    raise TypeError(f"scaled_norm: unsupported norm {type(norm).__name__}")
 
 
 def deepnorm_constants(n_layers: int, architecture: str = "decoder", n_decoder_layers: int | None = None) -> tuple[float, float]:
@@ -74,6 +101,7 @@ class Placement(nn.Module, abc.ABC):
 
     name: ClassVar[str]
     raw_input: ClassVar[bool] = True
+    ends_in_norm: ClassVar[bool] = False
 
     def __init__(self, d_model: int, n_layers: int, norm: str) -> None:
         super().__init__()
@@ -90,6 +118,13 @@ class Placement(nn.Module, abc.ABC):
     def init_gain(self) -> float:
         """Gain on the branch's value/output/FFN weights at init in the derived model."""
         return 1.0
+
+    def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """One term of the supernet's mixture (DESIGN §3): ``acc + weight * output(x, fx)``
+        ``(B, T, d_model)``, or ``weight * output(x, fx)`` when ``acc`` is None; ``weight`` is
+        this candidate's scalar mixing weight (a 0-d tensor)."""
+        y = self.output(x, fx)
+        return weight * y if acc is None else torch.addcmul(acc, weight, y)
 
     def forward(self, x: torch.Tensor, branch: nn.Module) -> torch.Tensor:
         """``output(x, branch(branch_input(x)))``: the whole sublayer, ``(B, T, d_model)``."""
@@ -125,6 +160,12 @@ class PostLN(Placement):
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
         return self.norm(x + fx)
 
+    ends_in_norm = True
+
+    def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = scaled_norm(self.norm, x + fx, weight)
+        return y if acc is None else acc + y
+
 
 class DeepNorm(Placement):
     """DeepNorm: ``LN(a * x + F(x))`` with the fixed constant ``a = (2N)^(1/4)``; the derived
@@ -140,7 +181,13 @@ class DeepNorm(Placement):
         self.alpha, self.beta = deepnorm_constants(n_layers)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.alpha * x + fx)
+        return self.norm(torch.add(fx, x, alpha=self.alpha))
+
+    ends_in_norm = True
+
+    def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = scaled_norm(self.norm, torch.add(fx, x, alpha=self.alpha), weight)
+        return y if acc is None else acc + y
 
     def init_gain(self) -> float:
         return self.beta

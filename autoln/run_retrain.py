@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import distributed
 from .config import Config
 from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
@@ -32,8 +33,9 @@ from .model import build_derived
 from .run_search import DivergenceError, EvalHook, genotype_markdown, last_checkpoint
 from .supernet import site_names
 from .tb import Logger
-from .training import (check_out_dir, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
-                       train_step, utc_now, weight_optimizer)
+from .model import TransformerLM
+from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
+                       seed_everything, train_step, utc_now, weight_optimizer)
 
 METRICS_FILE = "metrics.json"
 #: Valid windows of the fixed batch on which the diagnostics are computed.
@@ -56,12 +58,14 @@ def log_diagnostics(log: Logger, diag: dict, step: int) -> None:
 
 @dataclass
 class RetrainResult:
-    """What a retrain returns: the final valid and test metrics, the metrics file, wall time (s)."""
+    """What a retrain returns: the final valid and test metrics, the metrics file, wall time (s)
+    and the trained derived model."""
 
     valid: dict
     test: dict
     path: Path
     wall_time_s: float
+    model: TransformerLM
 
 
 def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
@@ -96,15 +100,16 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
     """
     check_out_dir(out, overwrite)
     device = resolve_device(cfg.retrain.device)
+    distributed.init(device)
     corpus = load_corpus(cfg.data)
     genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
     mc = genotype.model_config(cfg.model)
     for key in (k for k in MODEL_KEYS if k != "vocab_size"):
         if getattr(cfg.model, key) != getattr(mc, key):
-            print(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
+            distributed.print_main(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
     searched_on = genotype.provenance.get("data")
     if isinstance(searched_on, dict) and searched_on.get("fingerprint_sha256") not in (None, corpus.fingerprint):
-        print(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
+        distributed.print_main(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
               file=sys.stderr)
     check_lengths(corpus, mc.context)
     return device, corpus, genotype, replace(cfg, model=mc)  # config.yaml and checkpoints record the model trained
@@ -118,36 +123,47 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     the config that differs); optimisation from ``cfg.retrain``. Same seed -> same initial
     weights (before DeepNorm's gain) and same batches for every genotype. ``on_eval(step,
     valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run.
+    Under ``torchrun`` every process trains on its share of each batch and only rank 0 writes
+    (:mod:`autoln.distributed`).
 
     Raises:
-        OutputError, DataError, GenotypeError, DivergenceError.
+        OutputError, DataError, GenotypeError, DivergenceError; ConfigError when
+        ``retrain.batch_size`` is not divisible by the number of processes.
     """
     started = time.perf_counter()
     rc = cfg.retrain
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
+    distributed.check_batch(rc.batch_size, "retrain.batch_size")
+    main = distributed.is_main()
     mc = cfg.model
     seed_everything(rc.seed)
     train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
     valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
 
-    model = build_derived(mc, corpus.vocab_size, genotype.block_placements()).to(device)
+    model = prepare_model(build_derived(mc, corpus.vocab_size, genotype.block_placements()), device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     n_params = sum(p.numel() for p in model.parameters())
 
-    out = prepare_out_dir(out, overwrite)
-    write_text_atomic(out / "config.yaml", cfg.to_yaml())
-    log = Logger(out, cfg.logging.tensorboard)
+    out = Path(out)
+    if main:
+        prepare_out_dir(out, overwrite)
+        write_text_atomic(out / "config.yaml", cfg.to_yaml())
+    distributed.barrier()
+    log = Logger(out, cfg.logging.tensorboard and main)
     log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
     sites = site_names(mc.n_layers, genotype.granularity)
     probs = genotype.site_probabilities()
     log.alphas(probs, sites, genotype.candidates, 0)
     log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
     headline = HEADLINE[cfg.data.tokenizer]
-    print(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
-          f"  model: {n_params:,} parameters, device {device}", file=sys.stderr)
+    procs = f", {distributed.world_size()} processes" if distributed.active() else ""
+    distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
+                           f"  model: {n_params:,} parameters, device {device}{procs}", file=sys.stderr)
 
     def checkpoint(step: int) -> None:
+        if not main:
+            return
         save_torch_atomic({"kind": "retrain", "step": step, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
                            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                            "sampler": sampler.state_dict(),
@@ -160,10 +176,10 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     log_diagnostics(log, diag_init, 0)
     spikes = SpikeCounter(factor=rc.spike_factor)
     history, valid_metrics, diag_history = [], {}, []
-    bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not cfg.logging.progress, dynamic_ncols=True)
+    bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not (cfg.logging.progress and main), dynamic_ncols=True)
     try:
         for step in bar:
-            x, y = sampler.sample()
+            x, y = distributed.shard(*sampler.sample())
             loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
             spikes.update(loss_v)
             if not math.isfinite(loss_v):
@@ -208,7 +224,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": diag_init, "evaluations": diag_history,
                         "loss_spikes": spikes.spikes, "spike_factor": rc.spike_factor},
     }
-    path = write_json_atomic(out / METRICS_FILE, metrics)
+    path = write_json_atomic(out / METRICS_FILE, metrics) if main else out / METRICS_FILE
+    distributed.barrier()
     log.text("final", f"valid {headline} {final['valid'].get(headline):.4f}, test {final['test'].get(headline):.4f}")
     log.close()
-    return RetrainResult(final["valid"], final["test"], path, wall)
+    return RetrainResult(final["valid"], final["test"], path, wall, model)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
@@ -29,8 +30,8 @@ from .mixing import linear
 from .monitor import LAG, RATIO, CollapseMonitor
 from .supernet import Supernet
 from .tb import Logger
-from .training import (check_out_dir, environment, evaluate, prepare_out_dir, resolve_device, seed_everything,
-                       utc_now, weight_optimizer)
+from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
+                       seed_everything, utc_now, weight_optimizer)
 
 GENOTYPE_FILE = "genotype.json"
 
@@ -41,12 +42,14 @@ class DivergenceError(AutolnError):
 
 @dataclass
 class SearchResult:
-    """What a search returns: the genotype, its file, the final valid metrics, the wall time (s)."""
+    """What a search returns: the genotype, its file, the final valid metrics, the wall time (s)
+    and the trained supernet."""
 
     genotype: Genotype
     path: Path
     valid: dict
     wall_time_s: float
+    model: Supernet
 
 
 def last_checkpoint(out: Path) -> str:
@@ -103,16 +106,24 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     ``genotype.json``. ``on_eval(step, valid_metrics)`` runs after each evaluation's
     checkpoint; whatever it raises ends the run (event files are closed first).
 
+    Under ``torchrun`` (:mod:`autoln.distributed`) every process runs this function on its
+    share of each batch; only rank 0 writes files, logs and prints, and every process returns
+    the same result.
+
     Raises:
         OutputError: ``out`` holds a finished search and ``overwrite`` is False.
         DataError: the corpus cannot be read or is too short for ``model.context``.
         DivergenceError: a NaN/inf loss (the last checkpoint is kept).
+        ConfigError: ``search.batch_size`` not divisible by the number of processes.
     """
     started = time.perf_counter()
     sc, mc = cfg.search, cfg.model
     check_out_dir(out, overwrite)
     check_searchable(mc)
     device = resolve_device(sc.device)
+    distributed.init(device)
+    distributed.check_batch(sc.batch_size, "search.batch_size")
+    main = distributed.is_main()
     corpus = load_corpus(cfg.data)
     check_lengths(corpus, mc.context)
     seed_everything(sc.seed)
@@ -122,7 +133,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     sampler_a = WindowSampler(train, a_chunks, mc.context, sc.batch_size, seed=[sc.seed, 2])
     valid_starts = eval_starts(len(valid), mc.context, sc.eval_windows)
 
-    model = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing).to(device)
+    model = prepare_model(Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing), device, sc)
     opt_w, sched_w = weight_optimizer(model.named_weight_parameters(), sc)
     architect = Architect(model, sc)
     monitor = CollapseMonitor()
@@ -131,17 +142,23 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         fixed = WindowSampler(train, a_chunks, mc.context, sc.monitor_windows, seed=[sc.seed, 4]).sample()
         monitor_batch = tuple(t.to(device) for t in fixed)
 
-    out = prepare_out_dir(out, overwrite)
-    write_text_atomic(out / "config.yaml", cfg.to_yaml())
-    log = Logger(out, cfg.logging.tensorboard)
+    out = Path(out)
+    if main:
+        prepare_out_dir(out, overwrite)
+        write_text_atomic(out / "config.yaml", cfg.to_yaml())
+    distributed.barrier()
+    log = Logger(out, cfg.logging.tensorboard and main)
     log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
     log.text("data", corpus.describe())
     headline = HEADLINE[cfg.data.tokenizer]
-    print(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
-          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}",
+    procs = f", {distributed.world_size()} processes" if distributed.active() else ""
+    distributed.print_main(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
+          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}",
           file=sys.stderr)
 
     def checkpoint(step: int) -> None:
+        if not main:
+            return
         save_torch_atomic({
             "kind": "search", "step": step, "config": cfg.to_dict(), "model": model.state_dict(),
             "weight_optimizer": opt_w.state_dict(), "weight_scheduler": sched_w.state_dict(),
@@ -153,12 +170,13 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     valid_metrics: dict = {}
     record: dict = {}
     stopped_at = None
-    bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not cfg.logging.progress, dynamic_ncols=True)
+    show = cfg.logging.progress and main
+    bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not show, dynamic_ncols=True)
     try:
         for step in bar:
             model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
-            batch_w = tuple(t.to(device) for t in sampler_w.sample())
-            batch_a = tuple(t.to(device) for t in sampler_a.sample())
+            batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
+            batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
             loss_a = float("nan")
             if step > sc.arch_warmup_steps:
                 loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
@@ -184,12 +202,12 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                 checkpoint(step)
                 if sc.early_stop == "hessian" and record.get("stop"):
                     stopped_at = step
-                    print(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
+                    distributed.print_main(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
                           f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
                     break
                 if on_eval is not None:
                     on_eval(step, valid_metrics)
-            if cfg.logging.progress:
+            if show:
                 names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
                 shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
                 bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
@@ -210,7 +228,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
     }
     genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance)
-    path = genotype.save(out / GENOTYPE_FILE)
+    path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
+    distributed.barrier()
     log.text("genotype", f"final: `{genotype.describe()}`\n\n" + genotype_markdown(model.probabilities(), model.site_names, model.candidates), stopped_at or sc.steps)
     log.close()
-    return SearchResult(genotype, path, valid_metrics, wall)
+    return SearchResult(genotype, path, valid_metrics, wall, model)

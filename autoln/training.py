@@ -9,29 +9,61 @@ import os
 import platform
 import random
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from . import distributed
 from .config import TrainConfig
 from .data import eval_batches
 from .errors import ConfigError, OutputError
-from .model import weight_param_groups
+from .model import TransformerLM, weight_param_groups
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cpu``; ``cuda``.
+    """``auto`` -> CUDA when available, else CPU; ``cpu``; ``cuda``. Under ``torchrun`` CUDA
+    means ``cuda:LOCAL_RANK`` (:func:`autoln.distributed.local_device`).
 
     Raises:
         ConfigError: ``cuda`` requested but not available (names the key as ``*.device``).
     """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested (search.device / retrain.device) but CUDA is not available")
-    return torch.device(name)
+    return distributed.local_device(torch.device(name))
+
+
+def autocast_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
+    """The forward passes' autocast dtype for ``train.precision``: ``auto`` -> bf16 on CUDA,
+    none (fp32) elsewhere; ``bf16`` -> bf16; ``fp32`` -> none."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def prepare_model(model: TransformerLM, device: torch.device, cfg: TrainConfig) -> TransformerLM:
+    """Move ``model`` to ``device`` and set up how it runs there (the GPU path):
+
+    - autocast of the forward passes per ``cfg.precision`` (:func:`autocast_dtype`);
+    - on CUDA, TF32 matmuls for what stays fp32 (``torch.set_float32_matmul_precision("high")``);
+    - with ``cfg.compile``, ``torch.compile`` of each block in place (``Block.compile()``,
+      "regional compilation": blocks with the same placements share one compiled graph, and
+      the mixing weights enter as tensors, so annealing the temperature does not recompile).
+      Code that needs double backward (the alpha Hessian) runs the blocks eagerly with
+      ``torch.compiler.set_stance("force_eager")``.
+
+    Returns the same module."""
+    model.to(device)
+    model.autocast_dtype = autocast_dtype(cfg.precision, device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    if cfg.compile:
+        for block in model.blocks:
+            block.compile()
+    return model
 
 
 def seed_everything(seed: int) -> None:
@@ -76,10 +108,17 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def weight_optimizer(named_params: Sequence[tuple[str, nn.Parameter]], cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (decoupled weight decay on matrices only) and its :func:`lr_factor` scheduler."""
-    opt = torch.optim.AdamW(weight_param_groups(named_params, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    """AdamW (decoupled weight decay on matrices only; the fused kernel when the parameters are
+    on CUDA) and its :func:`lr_factor` scheduler."""
+    params = weight_param_groups(named_params, cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, fused=on_cuda(named_params[0][1]) or None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     return opt, sched
+
+
+def on_cuda(param: torch.Tensor) -> bool:
+    """True when ``param`` lives on a CUDA device (where fused Adam/AdamW kernels exist)."""
+    return param.device.type == "cuda"
 
 
 @torch.no_grad()
@@ -87,15 +126,18 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
     """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
 
     ``model(x, y)`` must return ``(logits, loss)``. The model is put in eval mode and back.
+    Under ``torchrun`` each process evaluates every N-th window and the sums are added up, so
+    every process returns the same mean.
     """
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for x, y in eval_batches(tokens, starts, context, batch_size):
+    for x, y in eval_batches(tokens, starts[distributed.rank()::distributed.world_size()], context, batch_size):
         _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
     model.train(was_training)
+    total, count = distributed.all_sum([total, count], device)
     return total / count
 
 
@@ -192,12 +234,24 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, x:
     """One optimizer step of a derived model on ``x, y`` ``(B, T)``: mean cross-entropy,
     backward, global-norm clipping to ``grad_clip`` (0: none), step, scheduler step.
 
+    Under ``torchrun`` the gradients and the loss are averaged over the processes first.
+
     Returns ``(loss in nats/token, gradient norm before clipping)``.
     """
     optimizer.zero_grad(set_to_none=True)
     _, loss = model(x, y)
     loss.backward()
-    norm = clip_and_norm(model.parameters(), grad_clip)
+    return finish_step(list(model.parameters()), loss, optimizer, scheduler, grad_clip)
+
+
+def finish_step(params: list[nn.Parameter], loss: torch.Tensor, optimizer: torch.optim.Optimizer, scheduler,
+                grad_clip: float) -> tuple[float, float]:
+    """After ``backward``: average the gradients of ``params`` and the loss over the processes
+    (:func:`autoln.distributed.average_`), clip to ``grad_clip``, step the optimizer and the
+    scheduler. Returns ``(loss in nats/token, gradient norm before clipping)``."""
+    loss = loss.detach().reshape(1).clone()
+    distributed.average_([p.grad for p in params if p.grad is not None] + [loss])
+    norm = clip_and_norm(params, grad_clip)
     optimizer.step()
     scheduler.step()
     return loss.item(), norm

@@ -25,6 +25,7 @@ import fcntl
 import math
 import multiprocessing as mp
 import os
+import random
 import shutil
 import socket
 import sys
@@ -127,6 +128,10 @@ def admitted(study, number: int, cap: int) -> bool:
 # --- storage, study, sampler, pruner ----------------------------------------------------------
 
 
+#: Times to reopen an RDB storage whose schema another command was creating at the same moment.
+SCHEMA_RACE_RETRIES = 3
+
+
 def open_storage(cfg: Config, out: Path):
     """The study's storage: a journal file ``out/study.journal`` or the RDB at ``tune.storage``.
 
@@ -141,9 +146,17 @@ def open_storage(cfg: Config, out: Path):
 
         return JournalStorage(JournalFileBackend(str(out / JOURNAL_FILE)))
     try:
-        return optuna.storages.RDBStorage(tc.storage, heartbeat_interval=tc.heartbeat_interval,
-                                          grace_period=tc.grace_period,
-                                          heartbeat_stale_trial_callback=retry_callback(cfg))
+        for attempt in range(SCHEMA_RACE_RETRIES + 1):
+            try:
+                return optuna.storages.RDBStorage(tc.storage, heartbeat_interval=tc.heartbeat_interval,
+                                                  grace_period=tc.grace_period,
+                                                  heartbeat_stale_trial_callback=retry_callback(cfg))
+            except Exception as exc:
+                # Two commands starting at once on an empty database both create Optuna's tables;
+                # the loser's CREATE TABLE fails with "already exists". Opening again finds them.
+                if attempt == SCHEMA_RACE_RETRIES or "already exists" not in str(exc):
+                    raise
+                time.sleep(0.5 + random.random())
     except ModuleNotFoundError as exc:
         driver = "psycopg2-binary" if exc.name and "psycopg" in exc.name else exc.name
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: the database driver '{exc.name}' is not installed "

@@ -127,14 +127,14 @@ def test_alpha_step_changes_only_alphas_and_weight_step_only_weights(tiny_model_
     assert "blocks.0.attn.q_proj.weight" in changed and "tok_emb.weight" in changed
 
 
-def test_supernet_calls_each_branch_once_on_a_doubled_batch(tiny_model_cfg):
+def test_supernet_calls_each_branch_twice_not_once_per_candidate(tiny_model_cfg):
     net = Supernet(tiny_model_cfg, VOCAB)
     calls = []
     for block in net.blocks:
         for branch in (block.attn, block.ffn):
             branch.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
     net(torch.randint(0, VOCAB, (5, tiny_model_cfg.context)))
-    assert calls == [10] * (2 * tiny_model_cfg.n_layers)  # two distinct inputs (x, LN(x)) in one call
+    assert calls == [5] * (4 * tiny_model_cfg.n_layers)  # two distinct inputs (x, LN(x)) per site, not three
     derived = build_derived(tiny_model_cfg, VOCAB, [("pre", "post")] * tiny_model_cfg.n_layers)
     calls.clear()
     for block in derived.blocks:
