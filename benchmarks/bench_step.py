@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", metavar="FILE", help="YAML config (model size from 'model', batch and device from 'search')")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[])
-    p.add_argument("--rounds", type=int, default=20, help="timed rounds (one step of each variant per round; default 20)")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds (one step of each variant per round; default 30)")
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {','.join(VARIANTS)}")
     p.add_argument("--scaling", action="store_true", help="also the ratio table at 6/12/24 blocks and context 128/256/512")
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
         print_result(result["default"])
         if args.scaling:
             print("\nscaling (ratios to the derived model; weight step, first-order iteration, peak memory):")
-            result["scaling"] = scaling(cfg, max(5, args.rounds // 2), args.warmup)
+            result["scaling"] = scaling(cfg, args.rounds, args.warmup)
             print_scaling(result["scaling"])
         if args.json:
             write_json_atomic(Path(args.json), result)
