@@ -40,3 +40,15 @@ def test_live_bytes_counts_allocations_and_frees():
     assert tracker.peak == 1000 + 4000 + 4000 + 0
     assert tracker.live == 1000 + 4000 + 3960
     del c, view
+
+
+def test_cpu_allocator_keeps_freed_memory_on_glibc():
+    import platform
+
+    import pytest
+
+    from autoln.training import keep_cpu_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert keep_cpu_memory() is True
