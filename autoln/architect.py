@@ -27,6 +27,7 @@ same alpha step.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -153,9 +154,12 @@ class Architect:
 
     def step(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int) -> float:
         """One alpha update (first- or second-order per ``cfg.order``); the weights and their
-        optimizer are unchanged. Returns the cross-entropy ``L_alpha`` in nats/token."""
+        optimizer are unchanged. Returns the cross-entropy ``L_alpha`` in nats/token, or NaN
+        when the loss or the alpha gradient is not finite: the update is then not applied."""
         gumbel = self.model.draw_gumbel()
         loss, g = self.gradient(batch_w, batch_alpha, xi, step, gumbel)
+        if not (math.isfinite(loss) and bool(torch.isfinite(g).all())):
+            return math.nan
         self.optimizer.zero_grad(set_to_none=True)
         self.model.alphas.grad = g
         self.optimizer.step()

@@ -1,13 +1,14 @@
 """Command lines of ``search.py`` and ``retrain.py``.
 
-``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
+``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite | --resume]``
 ``python search.py --tune [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
-``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
+``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite | --resume]``
 ``python retrain.py --compare [--genotype FILE ...] [--baselines LIST] [--seeds N] [--config FILE] [--set ...] [--out DIR]``
 
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
-training diverged, 130 on Ctrl-C.
+training diverged (``on_divergence: stop``), 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, after
+the run's checkpoint is written; ``--resume`` continues from it.
 
 Data-parallel: ``torchrun --nproc_per_node N search.py ...`` (or ``retrain.py``) trains one
 model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes.
@@ -39,6 +40,23 @@ def _parser(prog: str, description: str, section: str, default_out: str) -> argp
     return p
 
 
+def _add_resume(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --out from its checkpoint (same command otherwise)")
+
+
+def _check_resume(p: argparse.ArgumentParser, args: argparse.Namespace, *others: str) -> None:
+    if not args.resume:
+        return
+    if args.overwrite:
+        p.error("--resume continues a run and --overwrite starts it again: give one of them")
+    if not args.out:
+        p.error("--resume needs --out DIR, the folder of the run to continue")
+    for option in others:
+        if getattr(args, option):
+            p.error(f"--resume does not apply to --{option} (re-running that command resumes it)")
+
+
 def guarded(body: Callable[[], None]) -> int:
     """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an
     exit status; leave the ``torchrun`` process group, if any, at the end."""
@@ -61,9 +79,9 @@ def guarded(body: Callable[[], None]) -> int:
     except OSError as exc:  # a file the system refuses (permissions, full disk, ...)
         say(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        say("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        say(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        return 128 + getattr(exc, "signum", 2)
     return 0
 
 
@@ -113,9 +131,11 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--tune", action="store_true",
                    help="run the Optuna outer loop (section tune): each trial is one search; re-running resumes the study")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="with --tune: worker processes on this machine (default 1)")
+    _add_resume(p)
     args = p.parse_args(argv)
     if args.workers != 1 and not args.tune:
         p.error("--workers needs --tune")
+    _check_resume(p, args, "tune")
 
     def body() -> None:
         from .config import load_config
@@ -129,7 +149,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
             _refuse_torchrun("--tune")
             return _tune(cfg, args)
         out = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
-        result = run_search(cfg, out, args.overwrite)
+        result = run_search(cfg, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
@@ -178,7 +198,9 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
     p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")
     p.add_argument("--seeds", type=int, metavar="N", help="with --compare: seeds per genotype (default 3)")
+    _add_resume(p)
     args = p.parse_args(argv)
+    _check_resume(p, args, "compare")
     if not args.compare:
         if (args.baselines, args.seeds) != (None, None):
             p.error("--baselines and --seeds need --compare")
@@ -200,7 +222,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         spec = args.genotype[0]
         tag = spec if spec in BASELINES else ""
         out = _shared_out(args.out or default_out_dir("retrain", tag), cfg.retrain.device)
-        result = run_retrain(cfg, spec, out, args.overwrite)
+        result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
         lines = [f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "windows")

@@ -1,7 +1,7 @@
 """Configuration: one dataclass per section, loaded from YAML with ``--set`` overrides.
 
-A config file has the sections ``data``, ``model``, ``search``, ``retrain``, ``tune`` and
-``logging`` (every section and key is optional; missing ones take the defaults below, which are
+A config file has the sections ``data``, ``model``, ``search``, ``retrain``, ``tune``,
+``checkpoint`` and ``logging`` (every section and key is optional; missing ones take the defaults below, which are
 the CPU defaults of ``configs/search.yaml``). One file serves ``search.py`` (and its ``--tune``
 outer loop) and ``retrain.py``.
 
@@ -32,6 +32,7 @@ from .placements import NORMS, PLACEMENTS
 TOKENIZERS = ("bytes", "chars", "words")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
+DIVERGENCE_POLICIES = ("stop", "skip_batch")
 GRANULARITIES = ("layer", "sublayer")
 
 
@@ -119,6 +120,10 @@ class TrainConfig:
     the loss stay fp32). ``compile``: ``torch.compile`` each Transformer block (regional
     compilation: one compiled graph serves every block of the same placements).
 
+    ``on_divergence``: what a NaN or inf loss or gradient does: ``stop`` (default; the run ends
+    with exit status 3 and its last good checkpoint) or ``skip_batch`` (that update is skipped
+    and counted; the learning-rate schedule goes on).
+
     ``batch_size`` is the global batch: under ``torchrun`` each of the N processes takes
     ``batch_size / N`` of its rows, so a run sees the same batches whatever N.
     """
@@ -138,6 +143,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"
     compile: bool = False
+    on_divergence: str = "stop"
 
     def validate(self, section: str) -> None:
         for key in ("steps", "batch_size", "eval_every", "eval_windows"):
@@ -151,6 +157,7 @@ class TrainConfig:
                 raise ConfigError(f"{section}.betas must lie in [0, 1), got {list(self.betas)}")
         _one_of(f"{section}.device", self.device, ("auto", "cpu", "cuda"))
         _one_of(f"{section}.precision", self.precision, PRECISIONS)
+        _one_of(f"{section}.on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         _one_of(f"{section}.schedule", self.schedule, SCHEDULE_NAMES)
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{section}.seed must be in [0, 2^32), got {self.seed}")
@@ -314,6 +321,18 @@ class TuneConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """``every``: steps between checkpoints of a search or retrain (besides those at each
+    evaluation, at the end and on SIGINT/SIGTERM); 0 for none but those."""
+
+    every: int = 100
+
+    def validate(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"checkpoint.every must be >= 0 (0: only at evaluations and on signals), got {self.every}")
+
+
+@dataclass
 class LoggingConfig:
     """``tensorboard``: write event files in the run folder; ``progress``: show a tqdm bar;
     ``log_every``: steps between training-loss scalars."""
@@ -328,13 +347,14 @@ class LoggingConfig:
 
 @dataclass
 class Config:
-    """The resolved configuration of one run: the five sections above."""
+    """The resolved configuration of one run: the sections above."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
@@ -345,6 +365,7 @@ class Config:
         self.search.validate()
         self.retrain.validate()
         self.tune.validate()
+        self.checkpoint.validate()
         self.logging.validate()
         for key, spec in self.tune.space.items():
             space_values(key, spec, self)
@@ -387,7 +408,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Build a :class:`Config` from defaults, an optional YAML file and ``--set`` overrides.
 
     Args:
-        path: YAML file with any of the five sections; ``None`` for the defaults.
+        path: YAML file with any of the sections; ``None`` for the defaults.
         overrides: strings ``section.key=value``; ``value`` is parsed as YAML.
 
     Raises:

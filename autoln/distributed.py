@@ -145,3 +145,13 @@ def from_main(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def any_true(flag: bool, device: torch.device) -> bool:
+    """True on every process when ``flag`` is true on any (e.g. one process got SIGTERM), so
+    that all stop at the same step; ``flag`` itself for one process."""
+    if not active():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)

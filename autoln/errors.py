@@ -24,3 +24,8 @@ class GenotypeError(AutolnError):
 
 class OutputError(AutolnError):
     """The output folder cannot be used (e.g. it holds a finished run and ``--overwrite`` is absent)."""
+
+
+class DivergenceError(AutolnError):
+    """A training loss or gradient became NaN or inf under ``on_divergence: stop``; the message
+    names the step and the last good checkpoint."""

@@ -12,25 +12,26 @@ every step. Outputs: ``metrics.json``, ``checkpoint.pt``, ``config.yaml``, Tenso
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from . import distributed
 from .config import Config
 from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
-from .errors import GenotypeError
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
+from .errors import DivergenceError, GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
-from .io import save_torch_atomic, write_json_atomic, write_text_atomic
+from .io import write_json_atomic, write_text_atomic
 from .model import build_derived
-from .run_search import DivergenceError, EvalHook, genotype_markdown, last_checkpoint
+from .run_search import EvalHook, genotype_markdown
 from .supernet import site_names
 from .tb import Logger
 from .model import TransformerLM
@@ -88,9 +89,10 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     return genotype
 
 
-def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool):
+def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool, check_out: bool = True):
     """What a run on a derived model needs before it builds the model: checks ``out``
-    (:func:`autoln.training.check_out_dir`), resolves the device, loads the corpus and the
+    (:func:`autoln.training.check_out_dir`; skipped when ``check_out`` is False, for a resumed
+    run), resolves the device, loads the corpus and the
     genotype, and returns ``(device, corpus, genotype, cfg)`` with ``cfg.model`` the genotype's
     dimensions (a note is printed for each ``model.*`` key of the config that differs, and when
     the genotype was searched on other data).
@@ -98,7 +100,8 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
     Raises:
         OutputError, DataError, GenotypeError, ConfigError.
     """
-    check_out_dir(out, overwrite)
+    if check_out:
+        check_out_dir(out, overwrite)
     device = resolve_device(cfg.retrain.device)
     distributed.init(device)
     corpus = load_corpus(cfg.data)
@@ -116,23 +119,33 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
 
 
 def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool = False,
-                on_eval: Optional[EvalHook] = None) -> RetrainResult:
+                on_eval: Optional[EvalHook] = None, resume: bool = False) -> RetrainResult:
     """Retrain the derived model of ``genotype_spec`` (file or baseline name) under ``out``.
 
     The model's dimensions come from the genotype (a note is printed for each ``model.*`` key of
     the config that differs); optimisation from ``cfg.retrain``. Same seed -> same initial
     weights (before DeepNorm's gain) and same batches for every genotype. ``on_eval(step,
     valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run.
-    Under ``torchrun`` every process trains on its share of each batch and only rank 0 writes
-    (:mod:`autoln.distributed`).
+    Checkpoints as :func:`autoln.run_search.run_search` (every ``checkpoint.every`` steps, at
+    each evaluation, on SIGINT/SIGTERM); ``resume`` continues the run in ``out`` from its
+    checkpoint, bitwise as an uninterrupted run on CPU. A NaN or inf loss or gradient stops the
+    run or skips that update, per ``retrain.on_divergence``. Under ``torchrun`` every process
+    trains on its share of each batch and only rank 0 writes (:mod:`autoln.distributed`).
 
     Raises:
         OutputError, DataError, GenotypeError, DivergenceError; ConfigError when
-        ``retrain.batch_size`` is not divisible by the number of processes.
+        ``retrain.batch_size`` is not divisible by the number of processes, or when resuming
+        with a config that differs from the checkpoint's.
     """
-    started = time.perf_counter()
     rc = cfg.retrain
-    device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
+    device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
+    out = Path(out)
+    ckpt = None
+    if resume:
+        ckpt = load_for_resume(out, "retrain", cfg, METRICS_FILE)
+        if ckpt is not None and ckpt["genotype"]["placements"] != genotype.placements:
+            raise GenotypeError(f"--resume: --genotype {genotype_spec} ({genotype.describe()}) is not the genotype of the "
+                                f"run in {out} ({' '.join(map(str, ckpt['genotype']['placements']))})")
     distributed.check_batch(rc.batch_size, "retrain.batch_size")
     main = distributed.is_main()
     mc = cfg.model
@@ -145,67 +158,98 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     n_params = sum(p.numel() for p in model.parameters())
 
-    out = Path(out)
     if main:
-        prepare_out_dir(out, overwrite)
+        if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
+            prepare_out_dir(out, overwrite or resume)
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
     distributed.barrier()
-    log = Logger(out, cfg.logging.tensorboard and main)
-    log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
-    sites = site_names(mc.n_layers, genotype.granularity)
-    probs = genotype.site_probabilities()
-    log.alphas(probs, sites, genotype.candidates, 0)
-    log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
-    headline = HEADLINE[cfg.data.tokenizer]
-    procs = f", {distributed.world_size()} processes" if distributed.active() else ""
-    distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
-                           f"  model: {n_params:,} parameters, device {device}{procs}", file=sys.stderr)
-
-    def checkpoint(step: int) -> None:
-        if not main:
-            return
-        save_torch_atomic({"kind": "retrain", "step": step, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
-                           "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                           "sampler": sampler.state_dict(),
-                           "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()}}, out / "checkpoint.pt")
-
     diag_x, diag_y = next(eval_batches(valid, valid_starts[:DIAG_WINDOWS], mc.context, DIAG_WINDOWS))
     diag_x, diag_y = diag_x.to(device), diag_y.to(device)
-    diag_ref = logits(model, diag_x)
-    diag_init = snapshot(model, diag_x, diag_y)
-    log_diagnostics(log, diag_init, 0)
-    spikes = SpikeCounter(factor=rc.spike_factor)
-    history, valid_metrics, diag_history = [], {}, []
-    bar = tqdm(range(1, rc.steps + 1), desc="retrain", disable=not (cfg.logging.progress and main), dynamic_ncols=True)
+    start = 0
+    if ckpt is None:
+        state = {"history": [], "valid_metrics": {}, "diag_history": [], "skipped_batches": 0, "wall_time_s": 0.0,
+                 "diag_ref": logits(model, diag_x), "diag_init": snapshot(model, diag_x, diag_y),
+                 "spikes": asdict(SpikeCounter(factor=rc.spike_factor))}
+    else:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        sampler.load_state_dict(ckpt["sampler"])
+        state = ckpt["state"]
+        start = ckpt["step"]
+        set_rng_state(ckpt["rng"])
+    spikes = SpikeCounter(**state["spikes"])
+    diag_ref = state["diag_ref"].to(device)
+    log = Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None)
+    sites = site_names(mc.n_layers, genotype.granularity)
+    if not start:
+        log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
+        probs = genotype.site_probabilities()
+        log.alphas(probs, sites, genotype.candidates, 0)
+        log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
+        log_diagnostics(log, state["diag_init"], 0)
+    headline = HEADLINE[cfg.data.tokenizer]
+    procs = f", {distributed.world_size()} processes" if distributed.active() else ""
+    resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
+    distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
+                           f"  model: {n_params:,} parameters, device {device}{procs}{resumed}", file=sys.stderr)
+    ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
+    session = time.perf_counter()
+
+    def checkpoint(step: int) -> None:
+        ckpts.save(step, {"kind": "retrain", "step": step, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
+                          "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                          "sampler": sampler.state_dict(),
+                          "state": {**state, "spikes": asdict(spikes),
+                                    "wall_time_s": state["wall_time_s"] + time.perf_counter() - session}})
+
+    show = cfg.logging.progress and main
+    bar = tqdm(range(start + 1, rc.steps + 1), desc="retrain", disable=not show, dynamic_ncols=True, initial=start, total=rc.steps)
     try:
-        for step in bar:
-            x, y = distributed.shard(*sampler.sample())
-            loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
-            spikes.update(loss_v)
-            if not math.isfinite(loss_v):
-                raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}; {last_checkpoint(out)} "
-                                      "(try a lower retrain.lr or more retrain.warmup_steps)")
-            if step % cfg.logging.log_every == 0:
-                log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
-                log.scalar("lr/weights", sched.get_last_lr()[0], step)
-            if step % rc.eval_every == 0 or step == rc.steps:
-                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
-                log.scalars(valid_metrics, step, "valid")
-                history.append({"step": step, **valid_metrics})
-                diag = snapshot(model, diag_x, reference=diag_ref)
-                log_diagnostics(log, diag, step)
-                log.scalar("diag/loss_spikes", spikes.spikes, step)
-                diag_history.append({"step": step, "loss_spikes": spikes.spikes, **diag})
-                log.flush()
-                checkpoint(step)
-                if on_eval is not None:
-                    on_eval(step, valid_metrics)
-            bar.set_postfix_str(f"loss {loss_v:.3f} valid " + (f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"))
+        with StopSignals() as signals:
+            for step in bar:
+                x, y = distributed.shard(*sampler.sample())
+                loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
+                spikes.update(loss_v)
+                if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
+                    if rc.on_divergence == "stop":
+                        raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}, grad norm={grad_norm}; "
+                                              f"{ckpts.describe()} (try a lower retrain.lr or more retrain.warmup_steps, "
+                                              "or retrain.on_divergence=skip_batch)")
+                    state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
+                    log.scalar("train/skipped_batches", state["skipped_batches"], step)
+                if step % cfg.logging.log_every == 0:
+                    log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
+                    log.scalar("lr/weights", sched.get_last_lr()[0], step)
+                evaluation = step % rc.eval_every == 0 or step == rc.steps
+                if evaluation:
+                    state["valid_metrics"] = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device),
+                                                               cfg.data.tokenizer)
+                    log.scalars(state["valid_metrics"], step, "valid")
+                    state["history"].append({"step": step, **state["valid_metrics"]})
+                    diag = snapshot(model, diag_x, reference=diag_ref)
+                    log_diagnostics(log, diag, step)
+                    log.scalar("diag/loss_spikes", spikes.spikes, step)
+                    state["diag_history"].append({"step": step, "loss_spikes": spikes.spikes, **diag})
+                    log.flush()
+                interrupted = signals.requested(device)
+                if evaluation or interrupted or ckpts.due(step):
+                    checkpoint(step)
+                if interrupted:
+                    raise Interrupted(signals.received or signal.SIGTERM,
+                                      f"stopped by signal after step {step}; checkpoint written to {ckpts.path}; "
+                                      f"continue with the same command and --resume --out {out}")
+                if evaluation and on_eval is not None:
+                    on_eval(step, state["valid_metrics"])
+                if show:
+                    shown = f"{state['valid_metrics'][headline]:.3f}" if state["valid_metrics"] else "-"
+                    bar.set_postfix_str(f"loss {loss_v:.3f} valid {shown}")
     except BaseException:
         bar.close()
         log.close()
         raise
     bar.close()
+    history, diag_history, diag_init = state["history"], state["diag_history"], state["diag_init"]
 
     final = {}
     for split, tokens in (("valid", valid), ("test", test)):
@@ -213,12 +257,13 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
         final[split]["windows"] = int(len(starts))
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
-    wall = time.perf_counter() - started
+    wall = state["wall_time_s"] + time.perf_counter() - session
     metrics = {
         "genotype": genotype_spec, "placements": genotype.describe(), "headline": headline,
         "valid": final["valid"], "test": final["test"], "steps": rc.steps, "seed": rc.seed,
         "parameters": n_params, "tokens_seen": rc.steps * rc.batch_size * mc.context,
         "wall_time_s": round(wall, 2), "history": history, "created": utc_now(),
+        "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint},
         "packages": environment(), "genotype_file": genotype.to_dict(),
         "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": diag_init, "evaluations": diag_history,

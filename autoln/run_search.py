@@ -9,6 +9,7 @@ genotype (text), and a checkpoint. At the end ``genotype.json`` is written atomi
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -16,16 +17,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .errors import AutolnError, ConfigError
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
+from .errors import ConfigError, DivergenceError
 from .genotype import Genotype, from_probabilities
-from .io import save_torch_atomic, write_text_atomic
+from .io import write_text_atomic
 from .mixing import linear
 from .monitor import LAG, RATIO, CollapseMonitor
 from .supernet import Supernet
@@ -34,10 +35,6 @@ from .training import (check_out_dir, environment, evaluate, prepare_model, prep
                        seed_everything, utc_now, weight_optimizer)
 
 GENOTYPE_FILE = "genotype.json"
-
-
-class DivergenceError(AutolnError):
-    """A training loss became NaN or inf; the message names the step and the last checkpoint."""
 
 
 @dataclass
@@ -50,12 +47,6 @@ class SearchResult:
     valid: dict
     wall_time_s: float
     model: Supernet
-
-
-def last_checkpoint(out: Path) -> str:
-    """How to describe the run's last checkpoint in a divergence message."""
-    ckpt = out / "checkpoint.pt"
-    return f"the last good checkpoint is {ckpt}" if ckpt.exists() else "no checkpoint was written before it (none before the first evaluation)"
 
 
 def check_searchable(mc) -> None:
@@ -99,26 +90,38 @@ def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, 
 EvalHook = Callable[[int, dict], None]
 
 
-def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: Optional[EvalHook] = None) -> SearchResult:
+def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: Optional[EvalHook] = None,
+               resume: bool = False) -> SearchResult:
     """Run one search with the resolved config ``cfg``, writing everything under ``out``.
 
-    Writes ``config.yaml``, TensorBoard events, ``checkpoint.pt`` (at each evaluation) and
-    ``genotype.json``. ``on_eval(step, valid_metrics)`` runs after each evaluation's
-    checkpoint; whatever it raises ends the run (event files are closed first).
+    Writes ``config.yaml``, TensorBoard events, ``checkpoint.pt`` (every ``checkpoint.every``
+    steps, at each evaluation, and on SIGINT/SIGTERM, after which it raises
+    :class:`autoln.checkpoint.Interrupted`) and ``genotype.json``. ``on_eval(step,
+    valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run
+    (event files are closed first). ``resume``: continue the run in ``out`` from its checkpoint
+    (:func:`autoln.checkpoint.load_for_resume`); the result is bitwise that of an
+    uninterrupted run on CPU. A NaN or inf loss or gradient stops the run or skips that update,
+    per ``search.on_divergence``.
 
     Under ``torchrun`` (:mod:`autoln.distributed`) every process runs this function on its
     share of each batch; only rank 0 writes files, logs and prints, and every process returns
     the same result.
 
     Raises:
-        OutputError: ``out`` holds a finished search and ``overwrite`` is False.
+        OutputError: ``out`` holds a finished search and ``overwrite`` is False (or, with
+            ``resume``, at all), or its checkpoint is unreadable.
         DataError: the corpus cannot be read or is too short for ``model.context``.
-        DivergenceError: a NaN/inf loss (the last checkpoint is kept).
-        ConfigError: ``search.batch_size`` not divisible by the number of processes.
+        DivergenceError: a NaN/inf loss or gradient under ``on_divergence: stop`` (the last
+            good checkpoint is kept).
+        ConfigError: ``search.batch_size`` not divisible by the number of processes; with
+            ``resume``, a config that differs from the checkpoint's (naming each key).
     """
-    started = time.perf_counter()
     sc, mc = cfg.search, cfg.model
-    check_out_dir(out, overwrite)
+    if resume:
+        ckpt = load_for_resume(Path(out), "search", cfg, GENOTYPE_FILE)
+    else:
+        check_out_dir(out, overwrite)
+        ckpt = None
     check_searchable(mc)
     device = resolve_device(sc.device)
     distributed.init(device)
@@ -144,80 +147,110 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
 
     out = Path(out)
     if main:
-        prepare_out_dir(out, overwrite)
+        if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
+            prepare_out_dir(out, overwrite or resume)
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
     distributed.barrier()
-    log = Logger(out, cfg.logging.tensorboard and main)
-    log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
-    log.text("data", corpus.describe())
+    state = {"valid_metrics": {}, "record": {}, "stopped_at": None, "skipped_batches": 0, "wall_time_s": 0.0}
+    start = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt_w.load_state_dict(ckpt["weight_optimizer"])
+        sched_w.load_state_dict(ckpt["weight_scheduler"])
+        architect.load_state_dict(ckpt["architect"])
+        monitor = CollapseMonitor(**ckpt["monitor"])
+        sampler_w.load_state_dict(ckpt["samplers"]["w"])
+        sampler_a.load_state_dict(ckpt["samplers"]["alpha"])
+        state.update(ckpt["state"])
+        start = ckpt["step"]
+        set_rng_state(ckpt["rng"])
+    log = Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None)
+    if not start:
+        log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
+        log.text("data", corpus.describe())
     headline = HEADLINE[cfg.data.tokenizer]
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
+    resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
     distributed.print_main(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
-          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}",
+          f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}{resumed}",
           file=sys.stderr)
+    ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
+    session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
-        if not main:
-            return
-        save_torch_atomic({
+        ckpts.save(step, {
             "kind": "search", "step": step, "config": cfg.to_dict(), "model": model.state_dict(),
             "weight_optimizer": opt_w.state_dict(), "weight_scheduler": sched_w.state_dict(),
             "architect": architect.state_dict(), "monitor": asdict(monitor),
             "samplers": {"w": sampler_w.state_dict(), "alpha": sampler_a.state_dict()},
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state()},
-        }, out / "checkpoint.pt")
+            "state": {**state, "wall_time_s": state["wall_time_s"] + time.perf_counter() - session},
+        })
 
-    valid_metrics: dict = {}
-    record: dict = {}
-    stopped_at = None
     show = cfg.logging.progress and main
-    bar = tqdm(range(1, sc.steps + 1), desc="search", disable=not show, dynamic_ncols=True)
+    todo = range(start + 1, sc.steps + 1) if state["stopped_at"] is None else range(0)  # an early stop's checkpoint: done
+    bar = tqdm(todo, desc="search", disable=not show, dynamic_ncols=True, initial=start, total=sc.steps)
     try:
-        for step in bar:
-            model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
-            batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
-            batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
-            loss_a = float("nan")
-            if step > sc.arch_warmup_steps:
-                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
-            loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
-            if not math.isfinite(loss_w) or (step > sc.arch_warmup_steps and not math.isfinite(loss_a)):
-                raise DivergenceError(f"search diverged at step {step}: L_w={loss_w}, L_alpha={loss_a}; "
-                                      f"{last_checkpoint(out)} (try a lower search.lr or more search.warmup_steps)")
-            if step % cfg.logging.log_every == 0:
-                log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
-                if math.isfinite(loss_a):
-                    log.scalar("train/loss_alpha", loss_a, step)
-                log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
-                log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
-                log.scalar("search/tau", model.tau, step)
-            if step % sc.eval_every == 0 or step == sc.steps:
-                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
-                log.scalars(valid_metrics, step, "valid")
-                probs = model.probabilities()
-                log.alphas(probs, model.site_names, model.candidates, step)
-                log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
-                record = monitor_step(monitor, model, monitor_batch, log, step)
-                log.flush()
-                checkpoint(step)
-                if sc.early_stop == "hessian" and record.get("stop"):
-                    stopped_at = step
+        with StopSignals() as signals:
+            for step in bar:
+                model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
+                batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
+                batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
+                loss_a = float("nan")
+                alpha_step = step > sc.arch_warmup_steps
+                if alpha_step:
+                    loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
+                loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
+                if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
+                    what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
+                    if sc.on_divergence == "stop":
+                        raise DivergenceError(f"search diverged at step {step}: {what}; {ckpts.describe()} "
+                                              "(try a lower search.lr or more search.warmup_steps, or search.on_divergence=skip_batch)")
+                    state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
+                    log.scalar("train/skipped_batches", state["skipped_batches"], step)
+                if step % cfg.logging.log_every == 0:
+                    log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
+                    if math.isfinite(loss_a):
+                        log.scalar("train/loss_alpha", loss_a, step)
+                    log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
+                    log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
+                    log.scalar("search/tau", model.tau, step)
+                evaluation = step % sc.eval_every == 0 or step == sc.steps
+                if evaluation:
+                    valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+                    state["valid_metrics"] = valid_metrics
+                    log.scalars(valid_metrics, step, "valid")
+                    probs = model.probabilities()
+                    log.alphas(probs, model.site_names, model.candidates, step)
+                    log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
+                    state["record"] = monitor_step(monitor, model, monitor_batch, log, step)
+                    log.flush()
+                    if sc.early_stop == "hessian" and state["record"].get("stop"):
+                        state["stopped_at"] = step
+                interrupted = signals.requested(device)
+                if evaluation or interrupted or ckpts.due(step):
+                    checkpoint(step)
+                if interrupted:
+                    raise Interrupted(signals.received or signal.SIGTERM,
+                                      f"stopped by signal after step {step}; checkpoint written to {ckpts.path}; "
+                                      f"continue with the same command and --resume --out {out}")
+                if state["stopped_at"] is not None:
                     distributed.print_main(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
-                          f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
+                                           f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
                     break
-                if on_eval is not None:
-                    on_eval(step, valid_metrics)
-            if show:
-                names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-                shown = f"{valid_metrics[headline]:.3f}" if valid_metrics else "-"
-                bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
+                if evaluation and on_eval is not None:
+                    on_eval(step, state["valid_metrics"])
+                if show:
+                    names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
+                    shown = f"{state['valid_metrics'][headline]:.3f}" if state["valid_metrics"] else "-"
+                    bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
     except BaseException:
         bar.close()
         log.close()
         raise
     bar.close()
+    valid_metrics, record, stopped_at = state["valid_metrics"], state["record"], state["stopped_at"]
 
-    wall = time.perf_counter() - started
+    wall = state["wall_time_s"] + time.perf_counter() - session
     provenance = {
         "created": utc_now(), "command": " ".join(sys.argv), "seed": sc.seed, "config": cfg.to_dict(),
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint,
@@ -225,6 +258,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         "packages": environment(),
         "metrics": {"steps": stopped_at or sc.steps, "stopped_early": stopped_at is not None,
                     "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics,
+                    "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
                     "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
     }
     genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance)

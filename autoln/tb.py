@@ -20,14 +20,16 @@ class Logger:
     Args:
         out_dir: the run folder; event files go directly in it.
         enabled: write event files or not.
+        purge_step: a resumed run's first step: TensorBoard drops the events at and after it
+            that the interrupted run wrote after its checkpoint.
     """
 
-    def __init__(self, out_dir: str | Path, enabled: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, enabled: bool = True, purge_step: Optional[int] = None) -> None:
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(out_dir))
+            self.writer = SummaryWriter(log_dir=str(out_dir), purge_step=purge_step)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """One scalar point."""

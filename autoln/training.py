@@ -171,8 +171,9 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
 
 
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
+CHECKPOINT = "checkpoint.pt"
 #: Files a run writes in its folder (besides TensorBoard event files).
-RUN_FILES = (*FINISHED_MARKERS, "checkpoint.pt", "config.yaml")
+RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT, "config.yaml")
 
 
 #: Files that mark a folder as a tuning study's (``search.py --tune``).
@@ -191,7 +192,8 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     Raises:
         OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
             writable, ``out`` holds a tuning study (unless ``study_ok``), or ``out`` holds a
-            finished run and ``overwrite`` is False.
+            finished run or an interrupted one (a checkpoint: ``--resume`` continues it) and
+            ``overwrite`` is False.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -202,6 +204,9 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     finished = [m for m in FINISHED_MARKERS if (out / m).exists()]
     if finished and not overwrite:
         raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); choose another folder or pass --overwrite")
+    if (out / CHECKPOINT).exists() and not overwrite:
+        raise OutputError(f"--out {out} holds an interrupted run ({CHECKPOINT}): continue it with --resume, "
+                          "or pass --overwrite to start again")
     ancestor = out.absolute()
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -277,10 +282,16 @@ def finish_step(params: list[nn.Parameter], loss: torch.Tensor, optimizer: torch
                 grad_clip: float) -> tuple[float, float]:
     """After ``backward``: average the gradients of ``params`` and the loss over the processes
     (:func:`autoln.distributed.average_`), clip to ``grad_clip``, step the optimizer and the
-    scheduler. Returns ``(loss in nats/token, gradient norm before clipping)``."""
+    scheduler. Returns ``(loss in nats/token, gradient norm before clipping)``.
+
+    When the loss or the gradient norm is NaN or inf the optimizer step is not taken (the
+    weights stay as they were; the caller applies ``on_divergence``); the scheduler still steps.
+    """
     loss = loss.detach().reshape(1).clone()
     distributed.average_([p.grad for p in params if p.grad is not None] + [loss])
     norm = clip_and_norm(params, grad_clip)
-    optimizer.step()
+    value = loss.item()
+    if math.isfinite(value) and math.isfinite(norm):
+        optimizer.step()
     scheduler.step()
-    return loss.item(), norm
+    return value, norm

@@ -1,0 +1,177 @@
+"""Checkpoints and exact resume (DESIGN §1; issue 7).
+
+A run's ``checkpoint.pt`` holds everything the next step depends on: the model (weights and,
+for a search, the alphas), the optimizers and learning-rate schedulers, the step, the random
+states (Python, NumPy, torch CPU and CUDA, the data samplers), the run's own bookkeeping
+(histories, counters) and the resolved config. It is written atomically (a temporary file,
+then ``os.replace``) every ``checkpoint.every`` steps, at each evaluation, and when the run is
+stopped by SIGINT or SIGTERM (:class:`StopSignals`). ``--resume`` rebuilds the run from it
+(:func:`load_for_resume`): on CPU, a run killed at any step and resumed ends bitwise equal to
+an uninterrupted one (``tests/test_resume.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from . import distributed
+from .config import Config
+from .errors import ConfigError, OutputError
+from .io import save_torch_atomic
+from .training import CHECKPOINT
+
+CHECKPOINT_FILE = CHECKPOINT  # "checkpoint.pt"
+#: Config sections that may differ on ``--resume`` (they do not change what is computed).
+RESUME_FREE = ("logging", "checkpoint")
+
+
+def rng_state() -> dict[str, Any]:
+    """The global random states: Python's, NumPy's legacy generator, torch's CPU and CUDA ones,
+    as tensors and plain values (loadable with ``torch.load(weights_only=True)``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(path: Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` plus the random states to ``path`` atomically."""
+    return save_torch_atomic({**state, "rng": rng_state()}, path)
+
+
+def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """``key (checkpoint X, now Y)`` for each dotted key whose value differs between two config
+    dicts; the sections of :data:`RESUME_FREE` are ignored."""
+    keys = sorted(set(saved) | set(current))
+    out = []
+    for key in keys:
+        name = f"{prefix}{key}"
+        if not prefix and key in RESUME_FREE:
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name} (checkpoint {a!r}, now {b!r})")
+    return out
+
+
+def load_for_resume(out: Path, kind: str, cfg: Config, finished: str) -> Optional[dict[str, Any]]:
+    """The checkpoint of the ``kind`` run (``search`` or ``retrain``) in ``out`` for
+    ``--resume``, or None when the folder holds none yet (a run killed before its first
+    checkpoint starts again from step 0). ``finished``: the file a finished run leaves.
+
+    Raises:
+        OutputError: ``out`` is missing or holds a finished run, the checkpoint is unreadable or
+            of another kind of run.
+        ConfigError: the checkpoint's config differs from ``cfg``; the message names every
+            differing key.
+    """
+    if not out.is_dir():
+        raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
+    if (out / finished).exists():
+        raise OutputError(f"--resume: {out} holds a finished {kind} ({finished}); nothing to resume "
+                          "(--overwrite starts it again)")
+    path = out / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which, never a traceback
+        raise OutputError(f"--resume: {path} is not a readable autoln checkpoint ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("kind") != kind:
+        found = ckpt.get("kind") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise OutputError(f"--resume: {path} is a {found!r} checkpoint, not a {kind!r} one")
+    diffs = config_differences(ckpt["config"], cfg.to_dict())
+    if diffs:
+        raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
+                          + f". Resume with the run's own config ({out / 'config.yaml'}) or start a new run")
+    return ckpt
+
+
+class StopSignals:
+    """Context manager: the first SIGINT or SIGTERM sets :attr:`received` instead of killing the
+    run, so the training loop can finish its step, write a checkpoint and stop
+    (:meth:`check`); a second one acts at once (the default handlers are back). Outside the
+    main thread it does nothing."""
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._saved: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def requested(self, device: torch.device) -> bool:
+        """True when a signal came, on this or (under ``torchrun``) any process."""
+        return distributed.any_true(self.received is not None, device)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved.clear()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT or SIGTERM after writing its checkpoint; ``signum`` is the
+    signal (the command exits with ``128 + signum``: 130 or 143)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+class Checkpointer:
+    """When a run writes its checkpoint and which one is the last good one.
+
+    Args:
+        out: the run folder (the file is ``out/checkpoint.pt``).
+        every: ``checkpoint.every`` (0: only when forced).
+        write: False on the processes that do not write (ranks > 0 under ``torchrun``).
+        last_step: the step of the checkpoint a resumed run started from.
+    """
+
+    def __init__(self, out: Path, every: int, write: bool, last_step: Optional[int] = None) -> None:
+        self.path, self.every, self.write, self.last_step = out / CHECKPOINT_FILE, every, write, last_step
+
+    def due(self, step: int) -> bool:
+        """A periodic checkpoint is due after ``step``."""
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Write ``state`` (with the random states) as the checkpoint of ``step``, atomically."""
+        if self.write:
+            save(self.path, state)
+        self.last_step = step
+
+    def describe(self) -> str:
+        """Where the last good checkpoint is, for messages."""
+        if self.last_step is None:
+            return "no checkpoint was written before it"
+        return f"the last good checkpoint is {self.path} (step {self.last_step}; --resume continues from it)"

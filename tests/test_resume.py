@@ -1,0 +1,201 @@
+"""Checkpoints and exact resume: a search and a retrain killed with SIGKILL at a random step and
+resumed end bitwise equal to uninterrupted runs; SIGTERM writes a checkpoint and exits 143;
+divergence stops (exit 3, last good checkpoint kept) or skips the batch, per on_divergence."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoln import run_retrain as rr
+from autoln import run_search as rs
+from autoln.config import load_config
+from autoln.errors import DivergenceError
+from autoln.model import TransformerLM
+
+from .conftest import ROOT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+SEARCH = ["--set", "search.steps=60", "--set", "search.eval_every=20", "--set", "search.arch_lr=0.01"]
+RETRAIN = ["--set", "retrain.steps=80", "--set", "retrain.eval_every=20", "--set", "retrain.final_eval_windows=8"]
+COMMON = ["--config", TINY, "--set", "checkpoint.every=4", "--set", "logging.progress=false", "--set", "logging.log_every=2"]
+
+
+def command(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(ROOT / script), *COMMON, *args]
+
+
+def env(cache: str) -> dict:
+    return {**os.environ, "XDG_CACHE_HOME": cache}
+
+
+def run(args: list[str], cache: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, capture_output=True, text=True, env=env(cache), cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def checkpoint_step(folder: Path) -> int:
+    try:
+        return torch.load(folder / "checkpoint.pt", weights_only=True)["step"]
+    except (FileNotFoundError, EOFError, RuntimeError):
+        return 0
+
+
+def kill_after(args: list[str], folder: Path, step: int, sig: int, cache: str) -> subprocess.CompletedProcess:
+    """Start the command, wait until its checkpoint reaches ``step``, wait a random moment more
+    (so the kill lands anywhere in a later step), send ``sig``."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(cache), cwd=ROOT)
+    deadline = time.time() + 300
+    while checkpoint_step(folder) < step and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.communicate()[1][-2000:]
+    time.sleep(random.Random(step).uniform(0.0, 0.3))
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def final_state(folder: Path) -> dict:
+    return torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_search_killed_at_a_random_step_resumes_bitwise(tmp_path):
+    cache = str(tmp_path / "cache")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run(command("search.py", *SEARCH, "--out", str(whole)), cache)
+    step = random.Random(1).randint(8, 44)
+    proc = kill_after(command("search.py", *SEARCH, "--out", str(killed)), killed, step, signal.SIGKILL, cache)
+    assert proc.returncode == -signal.SIGKILL and not (killed / "genotype.json").exists()
+    proc = run(command("search.py", *SEARCH, "--out", str(killed), "--resume"), cache)
+    assert "resumed from" in proc.stderr
+
+    a, b = (json.loads((d / "genotype.json").read_text()) for d in (whole, killed))
+    assert a["placements"] == b["placements"] and a["probabilities"] == b["probabilities"]
+    ma, mb = a["provenance"]["metrics"], b["provenance"]["metrics"]
+    assert ma["supernet_valid"] == mb["supernet_valid"] and ma["hessian_eigenvalues"] == mb["hessian_eigenvalues"]
+    assert mb["resumed_from_step"] >= step and ma["resumed_from_step"] is None
+    assert_same_state(final_state(whole), final_state(killed))  # weights and alphas, bitwise
+    for tag in ("train/loss", "train/loss_alpha", "valid/loss"):
+        assert scalars(whole, tag) == scalars(killed, tag), tag  # the killed run's extra events are purged
+
+
+def test_retrain_killed_or_terminated_resumes_bitwise(tmp_path):
+    cache = str(tmp_path / "cache")
+    args = ("--genotype", "mix-ln", *RETRAIN)
+    whole, killed, termed = tmp_path / "whole", tmp_path / "killed", tmp_path / "termed"
+    run(command("retrain.py", *args, "--out", str(whole)), cache)
+    step = random.Random(2).randint(8, 64)
+    proc = kill_after(command("retrain.py", *args, "--out", str(killed)), killed, step, signal.SIGKILL, cache)
+    assert proc.returncode == -signal.SIGKILL
+    run(command("retrain.py", *args, "--out", str(killed), "--resume"), cache)
+    # SIGTERM: the run finishes its step, writes a checkpoint there and exits 143
+    proc = kill_after(command("retrain.py", *args, "--out", str(termed)), termed, 12, signal.SIGTERM, cache)
+    assert proc.returncode == 143 and "--resume" in proc.stderr and "Traceback" not in proc.stderr
+    stopped = checkpoint_step(termed)
+    assert f"after step {stopped}" in proc.stderr and not (termed / "metrics.json").exists()
+    run(command("retrain.py", *args, "--out", str(termed), "--resume"), cache)
+
+    ref = json.loads((whole / "metrics.json").read_text())
+    for folder in (killed, termed):
+        m = json.loads((folder / "metrics.json").read_text())
+        for key in ("valid", "test", "history"):
+            assert m[key] == ref[key], (folder.name, key)
+        assert m["diagnostics"]["evaluations"] == ref["diagnostics"]["evaluations"]
+        assert m["diagnostics"]["init"] == ref["diagnostics"]["init"]
+        assert_same_state(final_state(whole), final_state(folder))
+        assert scalars(whole, "train/loss") == scalars(folder, "train/loss")
+
+
+def test_resume_of_a_finished_or_missing_run_and_a_different_config(tmp_path):
+    cache = str(tmp_path / "cache")
+    out = tmp_path / "s"
+    run(command("search.py", "--set", "search.steps=8", "--set", "search.eval_every=4", "--out", str(out)), cache)
+    proc = subprocess.run(command("search.py", "--set", "search.steps=8", "--out", str(out), "--resume"),
+                          capture_output=True, text=True, env=env(cache), cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "finished search" in proc.stderr
+    (out / "genotype.json").unlink()  # as if killed after its last checkpoint
+    proc = subprocess.run(command("search.py", "--set", "search.steps=8", "--set", "search.eval_every=4", "--set",
+                                  "search.lr=0.01", "--set", "model.d_ff=64", "--out", str(out), "--resume"),
+                          capture_output=True, text=True, env=env(cache), cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "search.lr (checkpoint 0.002, now 0.01)" in proc.stderr and "model.d_ff" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def nan_at(monkeypatch):
+    """Make the ``n``-th training-mode forward pass return a NaN loss."""
+    def arm(n: int) -> None:
+        original = TransformerLM.forward
+        calls = {"n": 0}
+
+        def forward(self, idx, targets=None, mix=None):
+            logits, loss = original(self, idx, targets, mix)
+            if self.training and loss is not None:
+                calls["n"] += 1
+                if calls["n"] == n:
+                    loss = loss * float("nan")
+            return logits, loss
+        monkeypatch.setattr(TransformerLM, "forward", forward)
+    return arm
+
+
+def tiny(tmp_path, *sets: str):
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return load_config(TINY, ["retrain.steps=12", "retrain.eval_every=6", "retrain.final_eval_windows=4", "search.steps=12",
+                              "search.eval_every=6", "checkpoint.every=2", "logging.progress=false", *sets])
+
+
+def test_divergence_stop_keeps_the_last_good_checkpoint(tmp_path, nan_at):
+    nan_at(7)
+    with pytest.raises(DivergenceError, match=r"diverged at step 7: loss=nan.*last good checkpoint .* \(step 6"):
+        rr.run_retrain(tiny(tmp_path), "all-post", tmp_path / "r")
+    ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 6 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert not (tmp_path / "r" / "metrics.json").exists()
+
+
+def test_divergence_skip_batch_skips_that_update_only(tmp_path, nan_at):
+    cfg = tiny(tmp_path, "retrain.on_divergence=skip_batch")
+    clean = rr.run_retrain(cfg, "all-post", tmp_path / "clean")
+    nan_at(7)
+    skipped = rr.run_retrain(cfg, "all-post", tmp_path / "skipped")
+    m = json.loads(skipped.path.read_text())
+    assert m["skipped_batches"] == 1 and json.loads(clean.path.read_text())["skipped_batches"] == 0
+    params = dict(skipped.model.named_parameters())
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert any(not torch.equal(p, params[n]) for n, p in clean.model.named_parameters())  # step 7 was not applied
+    assert m["history"][0] == json.loads(clean.path.read_text())["history"][0]  # identical up to step 6
+
+
+def test_search_skip_batch_counts_a_nan_alpha_step(tmp_path, nan_at):
+    nan_at(3)  # the second step's alpha pass (each step: alpha pass, weight pass)
+    result = rs.run_search(tiny(tmp_path, "search.on_divergence=skip_batch"), tmp_path / "s")
+    assert result.genotype.provenance["metrics"]["skipped_batches"] == 1
+    assert torch.isfinite(result.model.alphas).all()
+    nan_at(3)
+    with pytest.raises(DivergenceError, match=r"search diverged at step 2: .*L_alpha \(or its gradient\)=nan"):
+        rs.run_search(tiny(tmp_path), tmp_path / "s2")
