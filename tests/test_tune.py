@@ -32,7 +32,7 @@ FAST = ("--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "s
         "--set", "search.monitor_windows=0", "--set", "tune.score=supernet", "--set", "tune.pruner=none",
         "--set", "logging.tensorboard=false")
 #: A trial of several seconds, long enough to be killed in the middle.
-SLOW = ("--set", "search.steps=300", "--set", "search.eval_every=100", "--set", "search.eval_windows=4",
+SLOW = ("--set", "search.steps=150", "--set", "search.eval_every=50", "--set", "search.eval_windows=4",
         "--set", "search.monitor_windows=0", "--set", "tune.score=supernet", "--set", "tune.pruner=none",
         "--set", "logging.tensorboard=false", "--set", "tune.space={search.arch_lr: {log-uniform: [1.0e-4, 1.0e-2]}}")
 
