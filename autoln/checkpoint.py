@@ -16,7 +16,7 @@ import random
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -74,10 +74,13 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
     return out
 
 
-def load_for_resume(out: Path, kind: str, cfg: Config, finished: str) -> Optional[dict[str, Any]]:
+def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
+                    check: Optional[Callable[[dict[str, Any]], None]] = None) -> Optional[dict[str, Any]]:
     """The checkpoint of the ``kind`` run (``search`` or ``retrain``) in ``out`` for
     ``--resume``, or None when the folder holds none yet (a run killed before its first
     checkpoint starts again from step 0). ``finished``: the file a finished run leaves.
+    ``check(checkpoint)`` runs before the config comparison (the retrain's genotype check, whose
+    message says more than the config keys a different genotype changes).
 
     Raises:
         OutputError: ``out`` is missing or holds a finished run, the checkpoint is unreadable or
@@ -100,6 +103,8 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str) -> Optiona
     if not isinstance(ckpt, dict) or ckpt.get("kind") != kind:
         found = ckpt.get("kind") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise OutputError(f"--resume: {path} is a {found!r} checkpoint, not a {kind!r} one")
+    if check is not None:
+        check(ckpt)
     diffs = config_differences(ckpt["config"], cfg.to_dict())
     if diffs:
         raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
@@ -174,4 +179,4 @@ class Checkpointer:
         """Where the last good checkpoint is, for messages."""
         if self.last_step is None:
             return "no checkpoint was written before it"
-        return f"the last good checkpoint is {self.path} (step {self.last_step}; --resume continues from it)"
+        return f"the last good checkpoint is {self.path}, step {self.last_step}"

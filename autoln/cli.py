@@ -19,6 +19,7 @@ model across N processes (:mod:`autoln.distributed`); only rank 0 prints and wri
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -30,8 +31,22 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line ``error: ...`` (exit 2), like every
+    other bad input, instead of the usage block; ``--help`` still prints it."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def number(value: float) -> str:
+    """A metric for the terminal: 4 decimals, or 4 significant digits when huge (a blown-up
+    perplexity)."""
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
+
+
 def _parser(prog: str, description: str, section: str, default_out: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = OneLineParser(prog=prog, description=description)
     p.add_argument("--config", metavar="FILE", help="YAML config (sections data, model, search, retrain, logging)")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                    help=f"override one config key, e.g. --set {section}.steps=200 (repeatable)")
@@ -105,6 +120,13 @@ def _shared_out(out, device_name: str):
     return distributed.from_main(out)
 
 
+def _skipped_note(skipped: int, steps: int) -> None:
+    """Warn when ``on_divergence: skip_batch`` skipped updates."""
+    if skipped:
+        print(f"warning: {skipped} of {steps} updates were skipped (NaN/inf loss or gradient, on_divergence=skip_batch)"
+              + ("; the run diverged and its numbers mean little" if skipped > steps // 2 else ""), file=sys.stderr)
+
+
 def _refuse_torchrun(option: str) -> None:
     from . import distributed
     from .errors import ConfigError
@@ -153,8 +175,9 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if not distributed.is_main():
             return
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
-        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {result.valid[headline]:.4f}\n"
+        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
+        _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
         if weak_preference(result.genotype.site_probabilities()):
             print("note: at every site the chosen placement leads the runner-up by less than 0.05 probability: a weak "
                   "preference (the alphas moved little). More search.steps or a larger search.arch_lr give a firmer answer.")
@@ -225,9 +248,10 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
-        lines = [f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "windows")
+        lines = [f"{split} " + ", ".join(f"{k} {number(v)}" for k, v in m.items() if k != "windows")
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
+        _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
 
     return guarded(body)
 

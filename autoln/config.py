@@ -404,6 +404,20 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so ``model:`` written twice would drop the first section)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Build a :class:`Config` from defaults, an optional YAML file and ``--set`` overrides.
 
@@ -426,7 +440,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where_in = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

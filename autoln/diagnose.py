@@ -12,7 +12,6 @@ Exit status as ``retrain.py``: 0 done, 2 bad input, 3 diverged, 130 interrupted.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -141,9 +140,9 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m autoln.diagnose``; returns the exit status."""
-    from .cli import guarded
+    from .cli import OneLineParser, guarded
 
-    p = argparse.ArgumentParser(prog="python -m autoln.diagnose", description=__doc__.split("\n\n")[1])
+    p = OneLineParser(prog="python -m autoln.diagnose", description=__doc__.split("\n\n")[1])
     p.add_argument("--genotype", required=True, metavar="FILE_OR_NAME",
                    help="genotype.json, or all-pre | all-post | all-deepnorm | mix-ln")
     p.add_argument("--config", metavar="FILE", help="YAML config (the retrain section sets optimiser and seed)")

@@ -7,6 +7,7 @@ Each writer writes a temporary file in the destination folder, flushes it to dis
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -45,13 +46,26 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return _atomic(path, lambda fh: fh.write(text.encode("utf-8")), "wb")
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (recursively)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON (no NaN/inf allowed) atomically. Returns the path.
+    """Write ``obj`` as indented, strict JSON atomically; NaN and inf (e.g. the alpha Hessian's
+    eigenvalue of a search that skipped diverged batches) become ``null``, as strict JSON has
+    neither. Returns the path.
 
     Raises:
-        ValueError: ``obj`` holds NaN or inf; OSError: as :func:`write_text_atomic`.
+        OSError: as :func:`write_text_atomic`.
     """
-    return write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    return write_text_atomic(path, json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
 
 
 def save_torch_atomic(obj: Any, path: str | Path) -> Path:

@@ -50,8 +50,13 @@ def alpha_hessian(model: Supernet, x: torch.Tensor, y: torch.Tensor) -> torch.Te
 
 
 def max_eigenvalue(hessian: torch.Tensor) -> float:
-    """Largest (algebraic) eigenvalue of a symmetric matrix, via ``numpy.linalg.eigvalsh``."""
-    return float(np.linalg.eigvalsh(hessian.detach().double().cpu().numpy())[-1])
+    """Largest (algebraic) eigenvalue of a symmetric matrix, via ``numpy.linalg.eigvalsh``;
+    NaN when the matrix holds NaN or inf (e.g. a search going on under ``skip_batch`` after
+    its weights blew up), which never triggers the R-DARTS stop."""
+    h = hessian.detach().double().cpu().numpy()
+    if not np.isfinite(h).all():
+        return float("nan")
+    return float(np.linalg.eigvalsh(h)[-1])
 
 
 @dataclass

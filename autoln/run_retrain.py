@@ -79,6 +79,8 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     """
     if spec in BASELINES:
         return baseline(spec, cfg.model, vocab_size)
+    if spec and Path(spec).is_dir():
+        raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")
     if not spec or not Path(spec).is_file():
         raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name (expected a genotype.json or one of {list(BASELINES)})")
     genotype = Genotype.load(spec)
@@ -142,10 +144,11 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     out = Path(out)
     ckpt = None
     if resume:
-        ckpt = load_for_resume(out, "retrain", cfg, METRICS_FILE)
-        if ckpt is not None and ckpt["genotype"]["placements"] != genotype.placements:
-            raise GenotypeError(f"--resume: --genotype {genotype_spec} ({genotype.describe()}) is not the genotype of the "
-                                f"run in {out} ({' '.join(map(str, ckpt['genotype']['placements']))})")
+        def same_genotype(saved: dict) -> None:
+            if saved["genotype"]["placements"] != genotype.placements:
+                raise GenotypeError(f"--resume: --genotype {genotype_spec} ({genotype.describe()}) is not the genotype of the "
+                                    f"run in {out} ({' '.join(map(str, saved['genotype']['placements']))})")
+        ckpt = load_for_resume(out, "retrain", cfg, METRICS_FILE, check=same_genotype)
     distributed.check_batch(rc.batch_size, "retrain.batch_size")
     main = distributed.is_main()
     mc = cfg.model
@@ -214,8 +217,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                 if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
                     if rc.on_divergence == "stop":
                         raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}, grad norm={grad_norm}; "
-                                              f"{ckpts.describe()} (try a lower retrain.lr or more retrain.warmup_steps, "
-                                              "or retrain.on_divergence=skip_batch)")
+                                              f"{ckpts.describe()}. Try a new run with a lower retrain.lr or more "
+                                              "retrain.warmup_steps, or retrain.on_divergence=skip_batch")
                     state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
                     log.scalar("train/skipped_batches", state["skipped_batches"], step)
                 if step % cfg.logging.log_every == 0:

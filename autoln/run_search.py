@@ -203,8 +203,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                 if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
                     what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
                     if sc.on_divergence == "stop":
-                        raise DivergenceError(f"search diverged at step {step}: {what}; {ckpts.describe()} "
-                                              "(try a lower search.lr or more search.warmup_steps, or search.on_divergence=skip_batch)")
+                        raise DivergenceError(f"search diverged at step {step}: {what}; {ckpts.describe()}. Try a new run with a "
+                                              "lower search.lr or more search.warmup_steps, or search.on_divergence=skip_batch")
                     state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
                     log.scalar("train/skipped_batches", state["skipped_batches"], step)
                 if step % cfg.logging.log_every == 0:

@@ -132,6 +132,7 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
 
 
 def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so a step's time is its own."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -270,12 +271,13 @@ def measure(cfg: Config, names: list[str], rounds: int, warmup: int, peak_tflops
 
 
 def print_result(res: dict) -> None:
+    """Print :func:`measure`'s result as a table, then each target and whether it is met."""
     m = res["model"]
     print(f"model: {m['n_layers']} blocks, width {m['d_model']}, {m['n_heads']} heads, d_ff {m['d_ff']}, context {m['context']}, "
           f"batch {m['batch_size']}, vocab {m['vocab_size']}; device {res['device']}, {res['threads']} threads, "
           f"precision {res['precision']}, compile {res['compile']}; {res['rounds']} interleaved rounds after {res['warmup']} warm-up")
     mfu = any("mfu" in r for r in res["variants"].values())
-    print(f"{'variant':<16} {'best ms':>8} {'median ms':>9} {'tokens/s':>9} {'x time':>7} {'(median)':>8} {'peak MB':>8} {'x mem':>6} "
+    print(f"{'variant':<16} {'best ms':>8} {'median ms':>9} {'tokens/s':>9} {'x best':>7} {'x median':>8} {'peak MB':>8} {'x mem':>6} "
           f"{'GFLOP':>7} {'TFLOP/s':>8}" + ("    MFU" if mfu else ""))
     for name, r in res["variants"].items():
         line = (f"{name:<16} {r['ms_per_step_best']:8.1f} {r['ms_per_step']:9.1f} {r['tokens_per_s']:9.0f} {r['time_ratio']:7.2f} "
@@ -314,6 +316,7 @@ def scaling(cfg: Config, rounds: int, warmup: int) -> list[dict]:
 
 
 def print_scaling(rows: list[dict]) -> None:
+    """Print :func:`scaling`'s rows as a Markdown table."""
     print("| blocks | context | derived ms/step (best) | supernet weight step | first-order iteration | supernet memory | first-order memory |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -71,6 +71,8 @@ CASES = {
     "config invalid YAML": ("search", {"c.yaml": "model: [n_layers: 2\n"}, ["--config", "FILE:c.yaml"], "c.yaml is not valid YAML"),
     "config not a mapping": ("search", {"c.yaml": "- 1\n- 2\n"}, ["--config", "FILE:c.yaml"], "c.yaml must hold a mapping"),
     "config not UTF-8": ("search", {"c.yaml": b"model:\n  norm: \xff\n"}, ["--config", "FILE:c.yaml"], "c.yaml is not UTF-8"),
+    "config duplicate key": ("search", {"c.yaml": "model:\n  n_layers: 2\nmodel:\n  d_model: 32\n"}, ["--config", "FILE:c.yaml"], "duplicate key 'model'"),
+    "genotype is a folder": ("retrain", {"gdir/x": "x"}, ["--genotype", "FILE:gdir"], "is a folder"),
     "config missing file": ("search", {}, ["--config", "FILE:none.yaml"], "none.yaml"),
     "config bad --set": ("search", {}, ["--set", "search.steps"], "--set expects section.key=value"),
     "config bad on_divergence": ("search", {}, ["--set", "search.on_divergence=ignore"], "search.on_divergence"),

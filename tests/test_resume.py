@@ -5,6 +5,7 @@ divergence stops (exit 3, last good checkpoint kept) or skips the batch, per on_
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -171,7 +172,7 @@ def tiny(tmp_path, *sets: str):
 
 def test_divergence_stop_keeps_the_last_good_checkpoint(tmp_path, nan_at):
     nan_at(7)
-    with pytest.raises(DivergenceError, match=r"diverged at step 7: loss=nan.*last good checkpoint .* \(step 6"):
+    with pytest.raises(DivergenceError, match=r"diverged at step 7: loss=nan.*last good checkpoint is .*checkpoint.pt, step 6\. Try a new run"):
         rr.run_retrain(tiny(tmp_path), "all-post", tmp_path / "r")
     ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
     assert ckpt["step"] == 6 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
@@ -213,6 +214,24 @@ def test_divergence_through_the_command_line(tmp_path):
                           env=env(cache), cwd=ROOT, timeout=300)
     assert proc.returncode == 3 and "retrain diverged at step" in proc.stderr and "Traceback" not in proc.stderr
     assert "checkpoint" in proc.stderr and not (tmp_path / "stop" / "metrics.json").exists()
-    run(command("retrain.py", *args, "--set", "retrain.on_divergence=skip_batch", "--out", str(tmp_path / "skip")), cache)
+    proc = run(command("retrain.py", *args, "--set", "retrain.on_divergence=skip_batch", "--out", str(tmp_path / "skip")), cache)
     m = json.loads((tmp_path / "skip" / "metrics.json").read_text())
-    assert 0 < m["skipped_batches"] <= 20
+    assert 0 < m["skipped_batches"] <= 20 and f"warning: {m['skipped_batches']} of 20 updates were skipped" in proc.stderr
+    # the search goes on too: its monitor meets a non-finite alpha Hessian and records NaN
+    proc = run(command("search.py", "--set", "search.lr=1000", "--set", "search.warmup_steps=0", "--set", "search.grad_clip=0",
+                       "--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "search.on_divergence=skip_batch",
+                       "--out", str(tmp_path / "search-skip")), cache)
+    g = json.loads((tmp_path / "search-skip" / "genotype.json").read_text())
+    assert g["provenance"]["metrics"]["skipped_batches"] > 0 and "updates were skipped" in proc.stderr
+
+
+def test_usage_errors_are_one_line_and_huge_numbers_stay_short():
+    from autoln.cli import number, retrain_main
+    from autoln.monitor import max_eigenvalue
+
+    with pytest.raises(SystemExit) as exc:
+        retrain_main(["--genotype", "all-pre", "--resume"])
+    assert exc.value.code == 2
+    assert number(3.14159) == "3.1416" and number(1.01e304) == "1.01e+304"
+    assert math.isnan(max_eigenvalue(torch.tensor([[1.0, float("inf")], [float("inf"), 1.0]])))
+    assert max_eigenvalue(torch.tensor([[2.0, 0.0], [0.0, 1.0]])) == pytest.approx(2.0)
