@@ -175,6 +175,22 @@ class Checkpointer:
             save(self.path, state)
         self.last_step = step
 
+    def end_step(self, step: int, evaluation: bool, signals: "StopSignals", device: torch.device,
+                 write: Callable[[int], None]) -> None:
+        """After ``step``: ``write(step)`` the checkpoint when an evaluation, the period or a
+        stop signal (on any process) asks for it; after a signal, raise :class:`Interrupted`.
+
+        Raises:
+            Interrupted: SIGINT or SIGTERM arrived; the checkpoint of ``step`` is written.
+        """
+        interrupted = signals.requested(device)
+        if evaluation or interrupted or self.due(step):
+            write(step)
+        if interrupted:
+            raise Interrupted(signals.received or signal.SIGTERM,
+                              f"stopped by signal after step {step}; checkpoint written to {self.path}; "
+                              f"continue with the same command and --resume --out {self.path.parent}")
+
     def describe(self) -> str:
         """Where the last good checkpoint is, for messages."""
         if self.last_step is None:

@@ -12,7 +12,6 @@ every step. Outputs: ``metrics.json``, ``checkpoint.pt``, ``config.yaml``, Tenso
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -26,7 +25,7 @@ from . import distributed
 from .config import Config
 from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
-from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import DivergenceError, GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
 from .io import write_json_atomic, write_text_atomic
@@ -235,13 +234,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                     log.scalar("diag/loss_spikes", spikes.spikes, step)
                     state["diag_history"].append({"step": step, "loss_spikes": spikes.spikes, **diag})
                     log.flush()
-                interrupted = signals.requested(device)
-                if evaluation or interrupted or ckpts.due(step):
-                    checkpoint(step)
-                if interrupted:
-                    raise Interrupted(signals.received or signal.SIGTERM,
-                                      f"stopped by signal after step {step}; checkpoint written to {ckpts.path}; "
-                                      f"continue with the same command and --resume --out {out}")
+                ckpts.end_step(step, evaluation, signals, device, checkpoint)
                 if evaluation and on_eval is not None:
                     on_eval(step, state["valid_metrics"])
                 if show:

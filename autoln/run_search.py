@@ -9,7 +9,6 @@ genotype (text), and a checkpoint. At the end ``genotype.json`` is written atomi
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError, DivergenceError
 from .genotype import Genotype, from_probabilities
 from .io import write_text_atomic
@@ -226,13 +225,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     log.flush()
                     if sc.early_stop == "hessian" and state["record"].get("stop"):
                         state["stopped_at"] = step
-                interrupted = signals.requested(device)
-                if evaluation or interrupted or ckpts.due(step):
-                    checkpoint(step)
-                if interrupted:
-                    raise Interrupted(signals.received or signal.SIGTERM,
-                                      f"stopped by signal after step {step}; checkpoint written to {ckpts.path}; "
-                                      f"continue with the same command and --resume --out {out}")
+                ckpts.end_step(step, evaluation, signals, device, checkpoint)
                 if state["stopped_at"] is not None:
                     distributed.print_main(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
                                            f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)

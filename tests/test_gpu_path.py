@@ -4,6 +4,7 @@ eager ones through every kind of pass the search makes, and gpu_check.sh's dry m
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -85,10 +86,7 @@ def test_gpu_check_dry_mode_runs(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("tokens/s") == 2 and proc.stdout.count("MFU") == 2 and "compile True" in proc.stdout
+    assert proc.stdout.count("tokens/s") == 1 and proc.stdout.count("MFU") == 1 and "== 3. end-to-end search" in proc.stdout
     assert "genotype:" in proc.stdout and (tmp_path / "check" / "search" / "genotype.json").exists()
-    for name in ("eager.json", "compiled.json"):
-        import json
-
-        res = json.loads((tmp_path / "check" / name).read_text())["default"]["variants"]
-        assert set(res) == {"derived", "supernet_weight", "search_order1"} and all(0 < v["mfu"] < 1 for v in res.values())
+    res = json.loads((tmp_path / "check" / "eager.json").read_text())["default"]["variants"]
+    assert set(res) == {"derived", "supernet_weight", "search_order1"} and all(0 < v["mfu"] < 1 for v in res.values())
