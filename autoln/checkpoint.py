@@ -25,9 +25,9 @@ from . import distributed
 from .config import Config
 from .errors import ConfigError, OutputError
 from .io import save_torch_atomic
-from .training import CHECKPOINT
+from .errors import DivergenceError
+from .training import CHECKPOINT_FILE
 
-CHECKPOINT_FILE = CHECKPOINT  # "checkpoint.pt"
 #: Config sections that may differ on ``--resume`` (they do not change what is computed).
 RESUME_FREE = ("logging", "checkpoint")
 
@@ -196,3 +196,18 @@ class Checkpointer:
         if self.last_step is None:
             return "no checkpoint was written before it"
         return f"the last good checkpoint is {self.path}, step {self.last_step}"
+
+    def diverged(self, section: str, policy: str, step: int, what: str, state: dict, log) -> None:
+        """Apply ``<section>.on_divergence`` to a step whose loss or gradient was NaN or inf
+        (its update was not applied): ``stop`` raises; ``skip_batch`` counts the step in
+        ``state["skipped_batches"]`` and logs ``train/skipped_batches``.
+
+        Raises:
+            DivergenceError: ``policy`` is ``stop``; names the step, ``what`` (the values)
+                and the last good checkpoint.
+        """
+        if policy == "stop":
+            raise DivergenceError(f"{section} diverged at step {step}: {what}; {self.describe()}. Try a new run with a "
+                                  f"lower {section}.lr or more {section}.warmup_steps, or {section}.on_divergence=skip_batch")
+        state["skipped_batches"] += 1
+        log.scalar("train/skipped_batches", state["skipped_batches"], step)

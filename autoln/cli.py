@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .errors import AutolnError
+from .errors import AutolnError, DivergenceError
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
@@ -78,7 +78,6 @@ def guarded(body: Callable[[], None]) -> int:
     say = print
     try:
         from . import distributed  # inside the try: Ctrl-C may come while torch imports
-        from .run_search import DivergenceError
 
         say = _on_main(distributed)
         try:

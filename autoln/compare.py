@@ -111,7 +111,7 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
         GenotypeError, DataError, OutputError: as ``retrain.py``.
     """
     from .run_retrain import METRICS_FILE, run_retrain
-    from .run_search import DivergenceError
+    from .errors import DivergenceError
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds}")

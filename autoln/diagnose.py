@@ -61,7 +61,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     from .io import save_figure_atomic, write_json_atomic
     from .model import build_derived
     from .run_retrain import DIAG_WINDOWS, log_diagnostics, prepare_derived
-    from .run_search import DivergenceError
+    from .errors import DivergenceError
     from .tb import Logger
     from .training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
 

@@ -26,7 +26,7 @@ from .config import Config
 from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import DivergenceError, GenotypeError
+from .errors import GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
 from .io import write_json_atomic, write_text_atomic
 from .model import build_derived
@@ -214,12 +214,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                 loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
                 spikes.update(loss_v)
                 if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
-                    if rc.on_divergence == "stop":
-                        raise DivergenceError(f"retrain diverged at step {step}: loss={loss_v}, grad norm={grad_norm}; "
-                                              f"{ckpts.describe()}. Try a new run with a lower retrain.lr or more "
-                                              "retrain.warmup_steps, or retrain.on_divergence=skip_batch")
-                    state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
-                    log.scalar("train/skipped_batches", state["skipped_batches"], step)
+                    ckpts.diverged("retrain", rc.on_divergence, step, f"loss={loss_v}, grad norm={grad_norm}", state, log)
                 if step % cfg.logging.log_every == 0:
                     log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
                     log.scalar("lr/weights", sched.get_last_lr()[0], step)

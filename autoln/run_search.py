@@ -23,7 +23,7 @@ from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import ConfigError, DivergenceError
+from .errors import ConfigError
 from .genotype import Genotype, from_probabilities
 from .io import write_text_atomic
 from .mixing import linear
@@ -201,11 +201,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                 loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
                 if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
                     what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
-                    if sc.on_divergence == "stop":
-                        raise DivergenceError(f"search diverged at step {step}: {what}; {ckpts.describe()}. Try a new run with a "
-                                              "lower search.lr or more search.warmup_steps, or search.on_divergence=skip_batch")
-                    state["skipped_batches"] += 1  # skip_batch: the non-finite update was not applied
-                    log.scalar("train/skipped_batches", state["skipped_batches"], step)
+                    ckpts.diverged("search", sc.on_divergence, step, what, state, log)
                 if step % cfg.logging.log_every == 0:
                     log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
                     if math.isfinite(loss_a):

@@ -171,9 +171,9 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
 
 
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
 #: Files a run writes in its folder (besides TensorBoard event files).
-RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT, "config.yaml")
+RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT_FILE, "config.yaml")
 
 
 #: Files that mark a folder as a tuning study's (``search.py --tune``).
@@ -204,8 +204,8 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     finished = [m for m in FINISHED_MARKERS if (out / m).exists()]
     if finished and not overwrite:
         raise OutputError(f"--out {out} already holds a finished run ({finished[0]}); choose another folder or pass --overwrite")
-    if (out / CHECKPOINT).exists() and not overwrite:
-        raise OutputError(f"--out {out} holds an interrupted run ({CHECKPOINT}): continue it with --resume, "
+    if (out / CHECKPOINT_FILE).exists() and not overwrite:
+        raise OutputError(f"--out {out} holds an interrupted run ({CHECKPOINT_FILE}): continue it with --resume, "
                           "or pass --overwrite to start again")
     ancestor = out.absolute()
     while not ancestor.exists():

@@ -335,7 +335,8 @@ class Objective:
     def __call__(self, trial) -> float:
         optuna = _optuna()
         from .run_retrain import run_retrain
-        from .run_search import DivergenceError, run_search
+        from .errors import DivergenceError
+        from .run_search import run_search
 
         started = time.perf_counter()
         for key in ("genotype", "placements", "reason", "supernet_valid", "wall_time_s"):  # a re-run copies the lost trial's

@@ -94,7 +94,7 @@ def _retrain(cfg, spec: str, run_dir: Path) -> dict:
     """One retrain (reused when finished); returns metrics.json's content, or a dict with
     ``diverged`` and the message."""
     from autoln.run_retrain import METRICS_FILE, run_retrain
-    from autoln.run_search import DivergenceError
+    from autoln.errors import DivergenceError
 
     if (run_dir / METRICS_FILE).exists():
         return json.loads((run_dir / METRICS_FILE).read_text())
