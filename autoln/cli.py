@@ -2,6 +2,7 @@
 
 ``python search.py [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite | --resume]``
 ``python search.py --tune [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
+``python search.py --seeds N [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite | --resume]``
 ``python retrain.py --compare [--genotype FILE ...] [--baselines LIST] [--seeds N] [--config FILE] [--set ...] [--out DIR]``
 
@@ -119,10 +120,10 @@ def _shared_out(out, device_name: str):
     return distributed.from_main(out)
 
 
-def _skipped_note(skipped: int, steps: int) -> None:
+def _skipped_note(skipped: int, steps: int, what: str = "updates") -> None:
     """Warn when ``on_divergence: skip_batch`` skipped updates."""
     if skipped:
-        print(f"warning: {skipped} of {steps} updates were skipped (NaN/inf loss or gradient, on_divergence=skip_batch)"
+        print(f"warning: {skipped} of {steps} {what} were skipped (NaN/inf loss or gradient, on_divergence=skip_batch)"
               + ("; the run diverged and its numbers mean little" if skipped > steps // 2 else ""), file=sys.stderr)
 
 
@@ -151,16 +152,25 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
                 "search", "runs/search-<timestamp>; with --tune runs/tune-<tune.study_name>")
     p.add_argument("--tune", action="store_true",
                    help="run the Optuna outer loop (section tune): each trial is one search; re-running resumes the study")
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="with --tune: worker processes on this machine (default 1)")
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="run N searches (seeds search.seed..+N-1) in <out>/seed<s> and write their consensus genotype, "
+                        "votes.md and the agreement; re-running finishes an interrupted set")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="with --tune or --seeds: worker processes on this machine (default 1)")
     _add_resume(p)
     args = p.parse_args(argv)
-    if args.workers != 1 and not args.tune:
-        p.error("--workers needs --tune")
-    _check_resume(p, args, "tune")
+    if args.workers != 1 and not (args.tune or args.seeds is not None):
+        p.error("--workers needs --tune or --seeds")
+    if args.tune and args.seeds is not None:
+        p.error("--seeds and --tune are separate jobs: give one of them")
+    _check_resume(p, args, "tune", "seeds")
 
     def body() -> None:
         from .config import load_config
-        from .run_search import run_search, weak_preference
+        from .consensus import site_choices
+        from .genotype import site_rows
+        from .run_search import genotype_markdown, run_search, undecided_sites
+        from .supernet import site_names
         from .training import default_out_dir
 
         from . import distributed
@@ -169,6 +179,9 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.tune:
             _refuse_torchrun("--tune")
             return _tune(cfg, args)
+        if args.seeds is not None:
+            _refuse_torchrun("--seeds")
+            return _seeds(cfg, args)
         out = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
         result = run_search(cfg, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
@@ -177,12 +190,36 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
-        if weak_preference(result.genotype.site_probabilities()):
-            print("note: at every site the chosen placement leads the runner-up by less than 0.05 probability: a weak "
-                  "preference (the alphas moved little). More search.steps or a larger search.arch_lr give a firmer answer.")
+        selection = result.genotype.provenance["selection"]
+        if selection.get("skipped_batches"):
+            _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
+        g = result.genotype
+        sites = site_names(g.model["n_layers"], g.granularity)
+        print(genotype_markdown(g.site_probabilities(), sites, g.candidates, [g.candidates.index(n) for n in site_choices(g)]))
+        rises = g.provenance["selection"].get("loss_rises")
+        if rises is not None:
+            print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
+            for site, row in zip(sites, site_rows(rises, g.granularity)):
+                print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4f')}" for c, v in zip(g.candidates, row)))
+        undecided = undecided_sites(g.site_probabilities(), sites)
+        if undecided:
+            print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
+                  "check the answer's agreement across seeds with --seeds 3")
         print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
     return guarded(body)
+
+
+def _seeds(cfg, args) -> None:
+    """``search.py --seeds N``: run the seeds, print the vote table and the consensus."""
+    from .consensus import VOTES_FILE, run_seeds
+    from .training import default_out_dir
+
+    out = Path(args.out) if args.out else default_out_dir("seeds")
+    consensus, path = run_seeds(cfg, args.seeds, out, args.workers, args.overwrite)
+    print((out / VOTES_FILE).read_text() + f"\nconsensus genotype: {' '.join(consensus.candidates[k] for k in consensus.choices)}"
+          f"\nagreement: {consensus.agreement:.0%} of sites\nwrote {path}, {out / VOTES_FILE}")
+    print("next: " + _command("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
 
 
 def _tune(cfg, args) -> None:
@@ -205,7 +242,7 @@ def _tune(cfg, args) -> None:
         print("next: " + _command("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
-DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln"
+DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln,pre-post"  # autoln.genotype.BASELINES (a test keeps them equal)
 
 
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -214,7 +251,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                 "with --compare, several genotypes and the published placements at equal budget and seeds.",
                 "retrain", "runs/retrain[-<baseline>]-<timestamp>; with --compare runs/compare-<timestamp>")
     p.add_argument("--genotype", action="append", default=[], metavar="FILE_OR_NAME",
-                   help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln "
+                   help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln | pre-post "
                         "(required once; with --compare repeatable and optional)")
     p.add_argument("--compare", action="store_true",
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")

@@ -34,6 +34,7 @@ SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 DIVERGENCE_POLICIES = ("stop", "skip_batch")
 GRANULARITIES = ("layer", "sublayer")
+OUTPUT_BIASES = ("unigram", "none")
 
 
 @dataclass
@@ -75,6 +76,13 @@ class ModelConfig:
     ``context`` tokens per window; ``norm`` is the norm type used by every placement and the
     final norm; ``candidates`` the placements searched; ``granularity`` one alpha vector per
     block (``layer``) or per sublayer (``sublayer``).
+
+    ``output_bias``: the LM head's bias. ``unigram`` (default): a learnable bias that starts at
+    the training split's add-one-smoothed log unigram frequencies, so every placement starts
+    at the unigram distribution instead of the uniform one (the prior-probability init of the
+    output bias, Lin et al. 2017 "Focal Loss", §3.3; Karpathy 2019 "A Recipe for Training
+    Neural Networks", "init well"). ``none``: no bias (GPT-2/nanoGPT's head; Post-LN and
+    DeepNorm stacks then sit at the unigram plateau for hundreds of steps, see the README).
     """
 
     n_layers: int = 6
@@ -86,6 +94,7 @@ class ModelConfig:
     norm: str = "layernorm"
     candidates: list[str] = field(default_factory=lambda: ["pre", "post", "deepnorm"])
     granularity: str = "layer"
+    output_bias: str = "unigram"
 
     def validate(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "d_ff", "context"):
@@ -98,6 +107,7 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         _one_of("model.norm", self.norm, tuple(NORMS))
         _one_of("model.granularity", self.granularity, GRANULARITIES)
+        _one_of("model.output_bias", self.output_bias, OUTPUT_BIASES)
         if not self.candidates:
             raise ConfigError("model.candidates must name at least one placement")
         for name in self.candidates:
@@ -166,6 +176,7 @@ class TrainConfig:
 ORDERS = (1, 2)
 MIXING_NAMES = ("softmax", "gumbel", "gumbel-hard", "sigmoid")
 EARLY_STOPS = ("none", "hessian")
+SELECTIONS = ("argmax", "perturbation")
 
 
 @dataclass
@@ -184,7 +195,12 @@ class SearchConfig(TrainConfig):
     - ``sdarts_eps``: SDARTS-RS uniform noise on the mixing weights in weight steps;
     - ``monitor_windows``: windows of the fixed D_alpha batch on which the collapse monitor
       computes the alpha Hessian at each evaluation (0 disables the eigenvalue);
-    - ``early_stop``: ``none`` | ``hessian`` (R-DARTS rule on the monitored eigenvalue).
+    - ``early_stop``: ``none`` | ``hessian`` (R-DARTS rule on the monitored eigenvalue);
+    - ``selection``: how the genotype is read off the supernet (:mod:`autoln.selection`):
+      ``argmax`` of the alphas (DARTS) or ``perturbation`` (DARTS-PT, Wang et al. 2021), which
+      decides the sites one at a time by the valid-loss rise when a candidate is removed,
+      measured on ``selection_windows`` fixed D_alpha windows, with ``selection_tune_steps``
+      bilevel steps of fine-tuning between two decisions.
     """
 
     steps: int = 500
@@ -202,6 +218,9 @@ class SearchConfig(TrainConfig):
     sdarts_eps: float = 0.0
     monitor_windows: int = 8
     early_stop: str = "none"
+    selection: str = "perturbation"
+    selection_windows: int = 32
+    selection_tune_steps: int = 20
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
@@ -212,6 +231,9 @@ class SearchConfig(TrainConfig):
             raise ConfigError(f"search.order must be 1 or 2, got {self.order}")
         _one_of("search.mixing", self.mixing, MIXING_NAMES)
         _one_of("search.early_stop", self.early_stop, EARLY_STOPS)
+        _one_of("search.selection", self.selection, SELECTIONS)
+        _positive("search.selection_windows", self.selection_windows)
+        _non_negative(self, section, ("selection_tune_steps",))
         if self.early_stop == "hessian" and self.monitor_windows == 0:
             raise ConfigError("search.early_stop=hessian needs search.monitor_windows > 0")
         if self.tau_start != self.tau_end and self.mixing == "sigmoid":

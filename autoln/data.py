@@ -61,6 +61,14 @@ class Corpus:
     splits: dict[str, np.ndarray]
     sources: dict[str, str]
 
+    def unigram_log_probs(self) -> np.ndarray:
+        """Log-probabilities of each token id in the training split, add-one smoothed:
+        ``log((count + 1) / (n_train + vocab_size))``, float64 ``(vocab_size,)``. The start of
+        the LM head's bias (:meth:`autoln.model.TransformerLM.init_output_bias`); its
+        cross-entropy is the *unigram plateau*."""
+        counts = np.bincount(np.asarray(self.splits["train"]), minlength=self.vocab_size)[: self.vocab_size]
+        return np.log((counts + 1.0) / (counts.sum() + self.vocab_size))
+
     def describe(self) -> str:
         """One line: name, tokeniser, vocabulary size and tokens per split."""
         sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits.items())

@@ -71,7 +71,8 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
     mc = cfg.model
     seed_everything(rc.seed)
-    model = prepare_model(build_derived(mc, corpus.vocab_size, genotype.block_placements()), device, rc)
+    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
+    model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
@@ -144,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     p = OneLineParser(prog="python -m autoln.diagnose", description=__doc__.split("\n\n")[1])
     p.add_argument("--genotype", required=True, metavar="FILE_OR_NAME",
-                   help="genotype.json, or all-pre | all-post | all-deepnorm | mix-ln")
+                   help="genotype.json, or all-pre | all-post | all-deepnorm | mix-ln | pre-post")
     p.add_argument("--config", metavar="FILE", help="YAML config (the retrain section sets optimiser and seed)")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[])
     p.add_argument("--steps", type=int, default=100, help="training steps over which the update size is tracked (default 100)")

@@ -8,8 +8,10 @@ weights, same nesting as ``placements``, each a list ordered as ``candidates``),
 (resolved config, seed, data fingerprint, package versions, metrics, creation time).
 
 Named baselines (published hand-designed genotypes): ``all-pre``, ``all-post``,
-``all-deepnorm`` and ``mix-ln`` (Li, Yin, Liu 2024: the first ``round(0.25 N)`` blocks
-Post-LN, the rest Pre-LN; halves round up).
+``all-deepnorm``, ``mix-ln`` (Li, Yin, Liu 2024: the first ``round(0.25 N)`` blocks
+Post-LN, the rest Pre-LN; halves round up) and ``pre-post`` (the layered strategy
+practitioners report for 12-block models: the lower ``round(N / 2)`` blocks Pre-LN, the rest
+Post-LN; mix-ln's opposite order).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ FORMAT = "autoln.genotype"
 VERSION = 1
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "context", "vocab_size", "norm")
 FIELDS = ("format", "version", "candidates", "granularity", "placements", "probabilities", "model", "provenance")
-BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln")
+BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "pre-post")
 SUM_TOL = 1e-4
 
 Entry = Union[str, dict]
@@ -56,8 +58,7 @@ class Genotype:
     def site_probabilities(self) -> np.ndarray:
         """The probabilities as a float64 array ``(n_sites, K)``, rows in the order of
         :func:`autoln.supernet.site_names` (block ``i``'s attention row before its FFN row)."""
-        rows = [row for e in self.probabilities for row in ([e] if isinstance(e, list) else [e["attn"], e["ffn"]])]
-        return np.asarray(rows, dtype=np.float64)
+        return np.asarray(site_rows(self.probabilities, self.granularity), dtype=np.float64)
 
     def model_config(self, base: ModelConfig | None = None) -> ModelConfig:
         """A :class:`ModelConfig` with this genotype's dimensions; other fields (dropout) from
@@ -196,30 +197,51 @@ def model_dims(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
             "context": cfg.context, "vocab_size": vocab_size, "norm": cfg.norm}
 
 
-def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, provenance: dict | None = None) -> Genotype:
-    """Derive the genotype by argmax per site (DARTS §2.4).
+def nest_sites(rows: list, granularity: str) -> list:
+    """Per-site values (rows of :func:`autoln.supernet.site_names`) in the genotype's nesting:
+    one entry per block, or ``{"attn": ..., "ffn": ...}`` per block for ``sublayer``."""
+    if granularity == "layer":
+        return list(rows)
+    return [{"attn": rows[2 * i], "ffn": rows[2 * i + 1]} for i in range(len(rows) // 2)]
+
+
+def site_rows(nested: list, granularity: str) -> list:
+    """Inverse of :func:`nest_sites`: the per-site rows, block ``i``'s attention before its FFN."""
+    if granularity == "layer":
+        return list(nested)
+    return [e[s] for e in nested for s in ("attn", "ffn")]
+
+
+def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, provenance: dict | None = None,
+                       choices: list[int] | None = None) -> Genotype:
+    """Derive the genotype: per site the candidate ``choices[i]`` (perturbation-based selection,
+    :mod:`autoln.selection`) or, without ``choices``, the argmax of ``probs`` (DARTS §2.4).
 
     Args:
         probs: ``(n_sites, K)`` mixing probabilities, rows as :func:`autoln.supernet.site_names`.
         cfg: the search's model config (candidates, granularity, dimensions).
         vocab_size: vocabulary size of the data.
         provenance: stored as is.
+        choices: per site a candidate index, or None for the argmax.
+
+    Raises:
+        ValueError: ``choices`` of the wrong length or out of range.
     """
     cands = list(cfg.candidates)
     rows = [[float(v) for v in row / row.sum()] for row in np.asarray(probs, dtype=np.float64)]
-    names = [cands[int(np.argmax(r))] for r in rows]
-    if cfg.granularity == "layer":
-        placements: list[Entry] = names
-        nested: list[Any] = rows
-    else:
-        placements = [{"attn": names[2 * i], "ffn": names[2 * i + 1]} for i in range(cfg.n_layers)]
-        nested = [{"attn": rows[2 * i], "ffn": rows[2 * i + 1]} for i in range(cfg.n_layers)]
-    return Genotype(cands, cfg.granularity, placements, nested, model_dims(cfg, vocab_size), provenance or {})
+    if choices is None:
+        choices = [int(np.argmax(r)) for r in rows]
+    if len(choices) != len(rows) or not all(0 <= c < len(cands) for c in choices):
+        raise ValueError(f"choices: expected {len(rows)} candidate indices in [0, {len(cands)}), got {choices}")
+    names = [cands[c] for c in choices]
+    return Genotype(cands, cfg.granularity, nest_sites(names, cfg.granularity), nest_sites(rows, cfg.granularity),
+                    model_dims(cfg, vocab_size), provenance or {})
 
 
 def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
-    """A named published genotype at ``cfg``'s size: ``all-pre``, ``all-post``, ``all-deepnorm``
-    or ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024).
+    """A named published genotype at ``cfg``'s size: ``all-pre``, ``all-post``, ``all-deepnorm``,
+    ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024)
+    or ``pre-post`` (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``).
 
     Raises:
         GenotypeError: unknown name.
@@ -230,6 +252,9 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     elif name == "mix-ln":
         n_post = math.floor(0.25 * n + 0.5)
         names = ["post"] * n_post + ["pre"] * (n - n_post)
+    elif name == "pre-post":
+        n_pre = math.floor(0.5 * n + 0.5)
+        names = ["pre"] * n_pre + ["post"] * (n - n_pre)
     else:
         raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
     cands = sorted(set(names), key=list(PLACEMENTS).index)

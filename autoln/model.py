@@ -140,7 +140,8 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Decoder-only language model: token + learned position embeddings, ``n_layers`` blocks,
     a final norm (DESIGN §2: every model ends with one), and an LM head tied to the token
-    embedding.
+    embedding, with a bias when ``cfg.output_bias == "unigram"`` (zeros until
+    :meth:`init_output_bias` sets it to the training split's log unigram frequencies).
 
     Initialisation: embeddings ``N(0, 0.02)``; every linear ``xavier_normal_`` (gain 1); then,
     at each site with a single placement, the branch's residual-path weights (attention value
@@ -169,6 +170,8 @@ class TransformerLM(nn.Module):
         self.norm_f = NORMS[cfg.norm](cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
+        if cfg.output_bias == "unigram":  # added after construction: draws no random numbers, so the
+            self.lm_head.bias = nn.Parameter(torch.zeros(vocab_size))  # other weights match output_bias: none
         #: dtype of the forward pass' autocast (``torch.bfloat16`` on CUDA by default; set by
         #: :func:`autoln.training.prepare_model`), None for plain fp32.
         self.autocast_dtype: Optional[torch.dtype] = None
@@ -187,6 +190,26 @@ class TransformerLM(nn.Module):
                         gain = next(iter(site.placements.values())).init_gain()
                         for weight in branch.residual_path_weights():
                             weight.mul_(gain)
+
+    def init_output_bias(self, log_probs) -> "TransformerLM":
+        """Start the LM head's bias at ``log_probs`` ``(vocab_size,)`` (float, natural log), the
+        training split's unigram log-probabilities (:meth:`autoln.data.Corpus.unigram_log_probs`):
+        at initialisation the logits are then the unigram log-probabilities plus a small
+        ``LN(x) @ E^T`` term, for every placement alike (Lin et al. 2017, "Focal Loss", §3.3:
+        initialise the output bias to the prior). Draws no random numbers. A no-op with
+        ``model.output_bias: none``. Returns the model.
+
+        Raises:
+            ValueError: ``log_probs`` is not of shape ``(vocab_size,)`` or not finite.
+        """
+        if self.lm_head.bias is None:
+            return self
+        prior = torch.as_tensor(log_probs, dtype=torch.float32)
+        if prior.shape != (self.vocab_size,) or not bool(torch.isfinite(prior).all()):
+            raise ValueError(f"output bias: expected {self.vocab_size} finite log-probabilities, got shape {tuple(prior.shape)}")
+        with torch.no_grad():
+            self.lm_head.bias.copy_(prior.to(self.lm_head.bias.device))
+        return self
 
     def hidden_states(self, idx: torch.Tensor, mix: Optional[torch.Tensor] = None) -> list[torch.Tensor]:
         """Residual stream after the embedding and after each block: ``n_layers + 1`` tensors

@@ -156,7 +156,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
     valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
 
-    model = prepare_model(build_derived(mc, corpus.vocab_size, genotype.block_placements()), device, rc)
+    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
+    model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     n_params = sum(p.numel() for p in model.parameters())
 

@@ -24,10 +24,11 @@ from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError
-from .genotype import Genotype, from_probabilities
+from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
 from .mixing import linear
 from .monitor import LAG, RATIO, CollapseMonitor
+from .selection import LossFn, Selection, clear_winner, perturbation_select
 from .supernet import Supernet
 from .tb import Logger
 from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
@@ -55,18 +56,19 @@ def check_searchable(mc) -> None:
         raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
 
 
-def weak_preference(probs: np.ndarray, margin: float = 0.05) -> bool:
-    """True when at every site the top probability beats the runner-up by less than ``margin``:
-    the argmax genotype is then a weak preference (e.g. alphas moved little in a short search)."""
-    top2 = np.sort(probs, axis=-1)[:, -2:]
-    return bool(probs.shape[-1] > 1 and (top2[:, 1] - top2[:, 0] < margin).all())
+def undecided_sites(probs: np.ndarray, sites: list[str], lead: float = 0.15) -> list[str]:
+    """The sites of ``probs`` ``(n_sites, K)`` without a clear winner: the top probability leads
+    the runner-up by less than ``lead`` (:func:`autoln.selection.clear_winner`)."""
+    return [site for site, row in zip(sites, probs) if not clear_winner(row, lead)]
 
 
-def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str]) -> str:
-    """A Markdown table: one row per site, its probabilities and its argmax placement."""
+def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str], chosen: Optional[list[int]] = None) -> str:
+    """A Markdown table: one row per site, its probabilities ``(n_sites, K)`` and its chosen
+    placement (``chosen``: per site a candidate index; default the argmax)."""
+    chosen = [int(np.argmax(row)) for row in probs] if chosen is None else chosen
     head = "| site | " + " | ".join(candidates) + " | chosen |\n|---|" + "---|" * (len(candidates) + 1) + "\n"
-    rows = [f"| {s} | " + " | ".join(f"{v:.3f}" for v in row) + f" | **{candidates[int(np.argmax(row))]}** |"
-            for s, row in zip(sites, probs)]
+    rows = [f"| {s} | " + " | ".join(f"{v:.3f}" for v in row) + f" | **{candidates[c]}** |"
+            for s, row, c in zip(sites, probs, chosen)]
     return head + "\n".join(rows)
 
 
@@ -82,6 +84,41 @@ def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, 
     log.scalar("monitor/mean_entropy", record["mean_entropy"], step)
     log.scalar("monitor/genotype_changed", float(record["genotype_changed"]), step)
     return record
+
+
+def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed: int, log: Logger, step: int,
+                  show: bool) -> Selection:
+    """Perturbation-based selection (:func:`autoln.selection.perturbation_select`) of every site
+    in a random order drawn from ``seed``, with a progress bar; logs the loss rises as scalars
+    ``selection/<site>/<candidate>`` (nats/token) and a Markdown table ``selection`` at
+    ``step``. ``loss`` and ``tune`` as there."""
+    n_sites = len(model.site_names)
+    order = [int(i) for i in np.random.default_rng([seed, 6]).permutation(n_sites)]
+    bar = tqdm(total=n_sites, desc="selection", disable=not show, dynamic_ncols=True)
+
+    def tune_and_count() -> None:
+        bar.update(1)
+        tune()
+
+    try:
+        selection = perturbation_select(model, loss, tune_and_count, order)
+    finally:
+        bar.close()
+    for site, row in zip(model.site_names, selection.loss_rises):
+        log.scalars({cand: float(v) for cand, v in zip(model.candidates, row)}, step, f"selection/{site}")
+    log.text("selection", selection_markdown(selection, model.site_names, model.candidates), step)
+    return selection
+
+
+def selection_markdown(selection: Selection, sites: list[str], candidates: list[str]) -> str:
+    """A Markdown table of perturbation-based selection: per site the loss rise (nats/token) when
+    each candidate is removed, the decision order and the chosen candidate."""
+    head = ("Loss rise (nats/token) of the supernet when a candidate is removed; the largest rise wins.\n\n"
+            "| site | " + " | ".join(candidates) + " | decided | chosen |\n|---|" + "---|" * (len(candidates) + 2) + "\n")
+    rank = {site: i + 1 for i, site in enumerate(selection.order)}
+    rows = [f"| {s} | " + " | ".join(f"{v:+.4f}" for v in row) + f" | {rank[i]} | **{candidates[selection.choices[i]]}** |"
+            for i, (s, row) in enumerate(zip(sites, selection.loss_rises))]
+    return head + "\n".join(rows)
 
 
 #: Called after each evaluation with the step and the valid metrics; may raise to stop the run
@@ -135,7 +172,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     sampler_a = WindowSampler(train, a_chunks, mc.context, sc.batch_size, seed=[sc.seed, 2])
     valid_starts = eval_starts(len(valid), mc.context, sc.eval_windows)
 
-    model = prepare_model(Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing), device, sc)
+    supernet = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing).init_output_bias(corpus.unigram_log_probs())
+    model = prepare_model(supernet, device, sc)
     opt_w, sched_w = weight_optimizer(model.named_weight_parameters(), sc)
     architect = Architect(model, sc)
     monitor = CollapseMonitor()
@@ -238,6 +276,28 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         raise
     bar.close()
     valid_metrics, record, stopped_at = state["valid_metrics"], state["record"], state["stopped_at"]
+    selection = None  # a resumed run that was interrupted here redoes the selection from the last step's checkpoint
+    if sc.selection == "perturbation":
+        tuned, tune_state = [0], {"skipped_batches": 0}
+
+        def tune() -> None:  # DARTS-PT's fine-tuning: bilevel steps, numbered on from the search's last
+            for _ in range(sc.selection_tune_steps):
+                tuned[0] += 1
+                batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
+                batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
+                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=sc.steps)
+                loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
+                if not all(math.isfinite(v) for v in (loss_a, loss_w, grad_norm)):
+                    ckpts.diverged("search", sc.on_divergence, sc.steps + tuned[0],
+                                   f"L_w={loss_w}, L_alpha={loss_a} (fine-tuning of perturbation-based selection)", tune_state, log)
+
+        sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
+        selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
+                                  tune, sc.seed, log, sc.steps, show)
+        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+        log.scalars(selected_valid, sc.steps, "valid_selected")
+        # the alphas went on training during the fine-tuning: log where they ended, after it
+        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + sc.selection_tune_steps * (len(model.site_names) - 1))
 
     wall = state["wall_time_s"] + time.perf_counter() - session
     provenance = {
@@ -249,10 +309,22 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics,
                     "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
                     "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
+        "selection": {"method": sc.selection},
     }
-    genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance)
+    if selection is not None:
+        provenance["metrics"]["supernet_valid_selected"] = selected_valid
+        provenance["selection"].update({
+            "loss_rises": nest_sites([[round(float(v), 6) if math.isfinite(v) else None for v in row]
+                                      for row in selection.loss_rises], mc.granularity),
+            "order": [model.site_names[i] for i in selection.order], "windows": sc.selection_windows,
+            "tune_steps": sc.selection_tune_steps, "unit": "nats/token", "fine_tuning_updates": tuned[0],
+            "skipped_batches": tune_state["skipped_batches"]})
+    genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance,
+                                  None if selection is None else selection.choices)
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
     distributed.barrier()
-    log.text("genotype", f"final: `{genotype.describe()}`\n\n" + genotype_markdown(model.probabilities(), model.site_names, model.candidates), stopped_at or sc.steps)
+    chosen = None if selection is None else selection.choices
+    log.text("genotype", f"final ({sc.selection}): `{genotype.describe()}`\n\n"
+             + genotype_markdown(model.probabilities(), model.site_names, model.candidates, chosen), stopped_at or sc.steps)
     log.close()
     return SearchResult(genotype, path, valid_metrics, wall, model)

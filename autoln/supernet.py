@@ -53,6 +53,11 @@ class Supernet(TransformerLM):
         self.mixing = mixing
         self.site_names = site_names(cfg.n_layers, cfg.granularity)
         self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands)))
+        #: Sites discretised by perturbation-based selection (:mod:`autoln.selection`): site
+        #: index -> chosen candidate index. Their mixing weights are one-hot; empty during the
+        #: bilevel search. Not part of ``state_dict``: selection runs after the last checkpointed
+        #: step and is re-run on resume.
+        self.projected: dict[int, int] = {}
 
     def arch_parameters(self) -> list[nn.Parameter]:
         """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
@@ -78,13 +83,27 @@ class Supernet(TransformerLM):
         noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
         return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
 
-    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0) -> torch.Tensor:
+    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0, drop: tuple[int, int] | None = None) -> torch.Tensor:
         """Per block and sublayer mixing weights ``(n_layers, 2, K)`` (layer granularity repeats
         a row). ``noise > 0`` adds ``U(-noise, noise)`` to each site's weights (SDARTS-RS,
-        Chen & Hsieh 2020), for weight steps only."""
+        Chen & Hsieh 2020), for weight steps only. Sites in :attr:`projected` get one-hot
+        weights. ``drop = (site, k)`` zeroes candidate ``k``'s weight at ``site`` without
+        renormalising: the supernet with that candidate removed (DARTS-PT, Wang et al. 2021,
+        §3.2, as ruocwang/darts-pt's ``project_op`` masks an operation)."""
         w = self.site_weights(gumbel)
         if noise > 0:
             w = w + torch.empty_like(w).uniform_(-noise, noise)
+        if self.projected or drop is not None:
+            keep = torch.ones_like(w)
+            fixed = torch.zeros_like(w)
+            for site, k in self.projected.items():
+                keep[site] = 0.0
+                fixed[site, k] = 1.0
+            w = w * keep + fixed
+            if drop is not None:
+                mask = torch.ones_like(w)
+                mask[drop] = 0.0
+                w = w * mask
         if self.granularity == "layer":
             return w.unsqueeze(1).expand(-1, 2, -1)
         return w.view(-1, 2, w.shape[-1])

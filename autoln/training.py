@@ -151,10 +151,12 @@ def on_cuda(param: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device) -> float:
+def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
+             mix: Optional[torch.Tensor] = None) -> float:
     """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
 
-    ``model(x, y)`` must return ``(logits, loss)``. The model is put in eval mode and back.
+    ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's ``(n_layers, 2, K)``
+    mixing weights, is given) must return ``(logits, loss)``. The model is put in eval mode and back.
     Under ``torchrun`` each process evaluates every N-th window and the sums are added up, so
     every process returns the same mean.
     """
@@ -162,7 +164,7 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
     model.eval()
     total, count = 0.0, 0
     for x, y in eval_batches(tokens, starts[distributed.rank()::distributed.world_size()], context, batch_size):
-        _, loss = model(x.to(device), y.to(device))
+        _, loss = model(x.to(device), y.to(device)) if mix is None else model(x.to(device), y.to(device), mix=mix)
         total += loss.item() * y.numel()
         count += y.numel()
     model.train(was_training)

@@ -62,7 +62,7 @@ def part_a(cfg, out: Path, seeds: int) -> tuple[str, dict]:
         runs = []
         for seed in range(seeds):
             torch.manual_seed(seed)
-            model = build_derived(mc, corpus.vocab_size, [(placement, placement)] * mc.n_layers)
+            model = build_derived(mc, corpus.vocab_size, [(placement, placement)] * mc.n_layers).init_output_bias(corpus.unigram_log_probs())
             runs.append(grad_norms(model, x, y)["ffn_out"])
         result[placement] = [statistics.mean(r[i] for r in runs) for i in range(mc.n_layers)]
     plt = _plt()

@@ -63,6 +63,15 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert [e.step for e in acc.Scalars("valid/bits_per_byte")] == [50, 100]
     probs = [acc.Scalars(f"alpha/block{i}/{c}")[-1].value for i in range(2) for c in g.candidates]
     assert probs == pytest.approx([p for row in g.probabilities for p in row], abs=1e-6)
+    # perturbation-based selection (the default): each site's choice is its largest loss rise,
+    # recorded in the provenance and in TensorBoard
+    sel = g.provenance["selection"]
+    assert sel["method"] == "perturbation" and sorted(sel["order"]) == ["block0", "block1"]
+    assert g.placements == [g.candidates[int(np.argmax(r))] for r in sel["loss_rises"]]
+    rises = [acc.Scalars(f"selection/block{i}/{c}")[-1].value for i in range(2) for c in g.candidates]
+    assert rises == pytest.approx([v for row in sel["loss_rises"] for v in row], abs=1e-5)
+    assert "selection/text_summary" in acc.Tags()["tensors"]
+    assert "valid_selected/bits_per_byte" in scalars
 
 
 def test_retrain_reports_bits_per_byte(searched):

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from autoln.cli import DEFAULT_BASELINES
-from autoln.genotype import BASELINES
+from autoln.genotype import BASELINES, Genotype
 
 from .conftest import ROOT
 
@@ -111,3 +111,39 @@ def test_reproduction_script_part_a_writes_its_report(tmp_path, cache):
     numbers = json.loads((out / "report.json").read_text())["a"]
     assert len(numbers["grad_norm_ffn_out"]["post"]) == 12 and numbers["verdict"] in ("reproduced", "not reproduced")
     assert (out / "a_grad_norms.png").read_bytes()[:8] == PNG
+
+
+def test_validation_script_reports_each_setting_against_every_baseline(tmp_path, cache):
+    out = tmp_path / "validate"
+    short = ["--set", "search.steps=10", "--set", "search.eval_every=5", "--set", "search.selection_tune_steps=1",
+             "--set", "retrain.steps=6", "--set", "retrain.eval_every=3", "--set", "retrain.final_eval_windows=4",
+             "--set", "logging.tensorboard=false"]
+    proc = run(str(ROOT / "experiments" / "validate.py"), "--config", TINY, *short, "--settings", "highlr", "--seeds", "2",
+               "--out", str(out), cache=cache)
+    numbers = json.loads((out / "report.json").read_text())
+    assert [r["setting"] for r in numbers] == ["highlr"]
+    r = numbers[0]
+    assert r["retrain"] == {"steps": 6, "lr": 3e-3, "warmup_steps": 0}
+    labels = [row["label"] for row in r["rows"]]
+    assert labels == ["searched", *BASELINES]
+    assert all(len(row["valid"]) == 2 for row in r["rows"])  # 2 seeds each, none diverged
+    searched = Genotype.load(out / "highlr" / "search" / "genotype.json")
+    assert r["genotype"] == searched.describe() and searched.provenance["config"]["search"]["warmup_steps"] == 0
+    assert r["verdict"] in ("beats", "matches", "loses") and r["best_baseline"] in BASELINES
+    assert f"**{r['verdict']}**" in proc.stdout and "| **searched** |" in (out / "report.md").read_text()
+    assert (out / "curves.png").read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize("searched, best, want", [
+    ([2.0, 2.4], [2.3, 2.5], "matches"),   # gap -0.2, larger sd 0.283
+    ([2.0, 2.02], [2.3, 2.32], "beats"),
+    ([2.5, 2.52], [2.3, 2.32], "loses"),
+    ([], [2.3], "loses (every seed diverged)"),
+])
+def test_validation_verdict(searched, best, want):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate", ROOT / "experiments" / "validate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.verdict(searched, best) == want

@@ -97,6 +97,15 @@ def test_mix_ln_baseline(n, n_post):
     Genotype.from_dict(g.to_dict())
 
 
+@pytest.mark.parametrize("n, n_pre", [(6, 3), (12, 6), (5, 3), (2, 1), (1, 1)])
+def test_pre_post_baseline(n, n_pre):
+    """Pre-LN in the lower half (halves round up), Post-LN in the upper: mix-ln's opposite order."""
+    g = baseline("pre-post", ModelConfig(n_layers=n), 256)
+    assert g.placements == ["pre"] * n_pre + ["post"] * (n - n_pre)
+    assert g.provenance == {"baseline": "pre-post"}
+    Genotype.from_dict(g.to_dict())
+
+
 def test_uniform_baselines_and_unknown_name():
     cfg = ModelConfig(n_layers=3)
     for name in ("pre", "post", "deepnorm"):

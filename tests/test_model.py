@@ -81,6 +81,7 @@ def test_one_hot_supernet_equals_derived_model(tiny_model_cfg, granularity, choi
         for name, p in net.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+    net.init_output_bias(torch.log_softmax(torch.randn(VOCAB), 0))  # the LM head's bias is shared too
     derived = build_derived(cfg, VOCAB, per_block)
     missing, unexpected = derived.load_state_dict(net.state_dict(), strict=False)
     assert missing == []

@@ -1,0 +1,192 @@
+"""``search.py --seeds N``: N searches that differ only in their seed, and their consensus.
+
+A search's answer is only as good as its agreement across seeds (the "reproducibility" check of
+NAS-Bench-style evaluations; Yang, Esperança, Carlucci 2020, "NAS evaluation is frustratingly
+hard", §4). Seed ``i`` runs in ``<out>/seed<s>`` with ``search.seed = s = search.seed + i``;
+a seed whose ``genotype.json`` exists is reused, one with a checkpoint is resumed, so re-running
+the command finishes an interrupted set. Outputs in ``<out>``:
+
+- ``genotype.json``: the consensus genotype: per site the majority placement (a tie goes to the
+  tied placement with the larger mean probability), the probabilities averaged over the seeds,
+  and in ``provenance.consensus`` the votes, the agreement and each seed's genotype;
+- ``votes.md``: per site the votes of each candidate, whether the seeds agree, the majority;
+- TensorBoard (``<out>`` itself): ``consensus/agreement``, ``votes/<site>/<candidate>`` and the
+  vote table as text.
+
+*Agreement* is the fraction of sites at which every seed chose the same placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .config import Config
+from .errors import ConfigError
+from .genotype import Genotype, nest_sites, site_rows
+from .io import write_text_atomic
+from .supernet import site_names
+from .training import CHECKPOINT_FILE, check_out_dir, utc_now
+
+GENOTYPE_FILE = "genotype.json"
+VOTES_FILE = "votes.md"
+
+
+@dataclass
+class Consensus:
+    """Votes of several seeds' genotypes.
+
+    Attributes:
+        candidates: candidate names, the columns of ``votes``.
+        sites: site names (rows), as :func:`autoln.supernet.site_names`.
+        votes: ``(n_sites, K)`` int, how many seeds chose each candidate at each site.
+        choices: per site the majority candidate's index.
+        agreement: fraction of sites at which all seeds agree, in [0, 1].
+        probabilities: ``(n_sites, K)`` the seeds' probabilities averaged.
+    """
+
+    candidates: list[str]
+    sites: list[str]
+    votes: np.ndarray
+    choices: list[int]
+    agreement: float
+    probabilities: np.ndarray
+
+
+def site_choices(genotype: Genotype) -> list[str]:
+    """The genotype's placement per site, rows as :func:`autoln.supernet.site_names`."""
+    return site_rows(genotype.placements, genotype.granularity)
+
+
+def vote(genotypes: list[Genotype]) -> Consensus:
+    """The per-site majority of ``genotypes`` (searched with the same candidates, granularity and
+    model); a tie goes to the tied candidate with the larger mean probability, then to the
+    earlier candidate.
+
+    Raises:
+        ConfigError: no genotypes, or genotypes of different search spaces or sizes.
+    """
+    if not genotypes:
+        raise ConfigError("--seeds: no genotype to vote on")
+    first = genotypes[0]
+    for g in genotypes[1:]:
+        if (g.candidates, g.granularity, g.model) != (first.candidates, first.granularity, first.model):
+            raise ConfigError("--seeds: the seeds' genotypes differ in candidates, granularity or model size")
+    cands = list(first.candidates)
+    chosen = np.array([[cands.index(n) for n in site_choices(g)] for g in genotypes])  # (seeds, sites)
+    votes = np.stack([np.bincount(chosen[:, s], minlength=len(cands)) for s in range(chosen.shape[1])])
+    probs = np.mean([g.site_probabilities() for g in genotypes], axis=0)
+    choices = [int(np.lexsort((-probs[s], -votes[s]))[0]) for s in range(votes.shape[0])]
+    agreement = float(np.mean(votes.max(axis=1) == len(genotypes)))
+    return Consensus(cands, site_names(first.model["n_layers"], first.granularity), votes, choices, agreement, probs)
+
+
+def votes_markdown(c: Consensus, seeds: list[int]) -> str:
+    """The vote table as Markdown: one row per site."""
+    head = (f"Votes of {len(seeds)} searches (seeds {', '.join(map(str, seeds))}); agreement "
+            f"{c.agreement:.0%} of sites (all seeds chose the same placement).\n\n"
+            "| site | " + " | ".join(c.candidates) + " | agree | majority |\n|---|" + "---|" * (len(c.candidates) + 2) + "\n")
+    rows = [f"| {site} | " + " | ".join(str(int(v)) for v in c.votes[i]) + f" | {'yes' if c.votes[i].max() == len(seeds) else 'no'} | "
+            f"**{c.candidates[c.choices[i]]}** |" for i, site in enumerate(c.sites)]
+    return head + "\n".join(rows) + "\n"
+
+
+def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int], folders: list[Path]) -> Genotype:
+    """The consensus :class:`Genotype`: majority placements, mean probabilities, and the votes in
+    ``provenance.consensus``; the first seed's provenance otherwise (config with its seed)."""
+    first = genotypes[0]
+    rows = [[float(v) for v in row / row.sum()] for row in c.probabilities]
+    provenance = {
+        "created": utc_now(), "command": " ".join(sys.argv), "config": first.provenance.get("config"),
+        "data": first.provenance.get("data"), "packages": first.provenance.get("packages"),
+        "consensus": {"seeds": seeds, "agreement": c.agreement,
+                      "votes": nest_sites([[int(v) for v in row] for row in c.votes], first.granularity),
+                      "genotypes": [{"seed": s, "file": str(f / GENOTYPE_FILE), "placements": g.describe()}
+                                    for s, g, f in zip(seeds, genotypes, folders)]},
+    }
+    names = [c.candidates[k] for k in c.choices]
+    return Genotype(list(c.candidates), first.granularity, nest_sites(names, first.granularity),
+                    nest_sites(rows, first.granularity), dict(first.model), provenance)
+
+
+def _search_one(cfg: Config, out: str, resume: bool, threads: Optional[int]) -> str:
+    """Worker: one search (in a fresh process with ``--workers``); returns its genotype path."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from .run_search import run_search
+
+    return str(run_search(cfg, out, overwrite=not resume, resume=resume).path)
+
+
+def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, overwrite: bool = False) -> tuple[Consensus, Path]:
+    """Run ``n_seeds`` searches (seeds ``cfg.search.seed ..+n_seeds-1``) under ``out`` and write
+    the consensus (module docstring). ``workers > 1`` runs that many searches at once, each in
+    its own process with ``cpu_count // workers`` torch threads and no progress bar.
+
+    Returns ``(consensus, path of the consensus genotype.json)``.
+
+    Raises:
+        ConfigError: ``n_seeds < 2`` or ``workers < 1``.
+        OutputError: ``out`` holds a finished run of another kind; as ``search.py``.
+        DataError, DivergenceError: from a seed's search (finished seeds are kept).
+    """
+    from .tb import Logger
+
+    if n_seeds < 2:
+        raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {n_seeds}")
+    if workers < 1:
+        raise ConfigError(f"--workers must be a positive integer, got {workers}")
+    out = Path(out)
+    if (out / GENOTYPE_FILE).exists() and not overwrite:
+        check_out_dir(out, overwrite=False)  # a finished consensus: refuse, naming --overwrite
+    seeds = [cfg.search.seed + i for i in range(n_seeds)]
+    folders = [out / f"seed{s}" for s in seeds]
+    jobs = []
+    for s, folder in zip(seeds, folders):
+        if (folder / GENOTYPE_FILE).exists() and not overwrite:
+            print(f"[seeds] seed {s}: reusing {folder / GENOTYPE_FILE}", file=sys.stderr)
+            continue
+        seeded = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, seed=s))
+        resume = (folder / CHECKPOINT_FILE).exists() and not overwrite
+        jobs.append((s, seeded, folder, resume))
+    out.mkdir(parents=True, exist_ok=True)
+    if workers == 1 or len(jobs) <= 1:
+        for s, seeded, folder, resume in jobs:
+            print(f"[seeds] seed {s} -> {folder}" + (" (resuming)" if resume else ""), file=sys.stderr, flush=True)
+            _search_one(seeded, str(folder), resume, None)
+    else:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futures = []
+            for s, seeded, folder, resume in jobs:
+                quiet = dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False))
+                print(f"[seeds] seed {s} -> {folder} (worker process)", file=sys.stderr, flush=True)
+                futures.append((s, pool.submit(_search_one, quiet, str(folder), resume, threads)))
+            for s, future in futures:
+                future.result()
+                print(f"[seeds] seed {s} done", file=sys.stderr, flush=True)
+    genotypes = [Genotype.load(f / GENOTYPE_FILE) for f in folders]
+    consensus = vote(genotypes)
+    genotype = consensus_genotype(consensus, genotypes, seeds, folders)
+    table = votes_markdown(consensus, seeds)
+    write_text_atomic(out / VOTES_FILE, table)
+    path = genotype.save(out / GENOTYPE_FILE)
+    if cfg.logging.tensorboard:
+        log = Logger(out)
+        log.scalar("consensus/agreement", consensus.agreement, 0)
+        for site, row in zip(consensus.sites, consensus.votes):
+            log.scalars({cand: int(v) for cand, v in zip(consensus.candidates, row)}, 0, f"votes/{site}")
+        log.text("votes", table)
+        log.text("genotype", f"consensus: `{genotype.describe()}`")
+        log.close()
+    return consensus, path

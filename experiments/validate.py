@@ -1,0 +1,180 @@
+"""Is the searched genotype the right answer? Search, then compare against every named baseline.
+
+In each setting it runs the default search (``search.py``'s job, in process) with the
+setting's overrides, then ``retrain.py --compare``'s job: the searched genotype and every named
+baseline (:data:`autoln.genotype.BASELINES`), ``--seeds`` seeds each, at equal budget (the
+``retrain`` settings). The settings are fixed here, before any result was seen:
+
+- ``shallow``: the default model (6 blocks, width 96) and optimisation;
+- ``deep``: deep and narrow, 24 blocks of width 64 (4 heads, FFN 256);
+- ``highlr``: the default model at a high learning rate with no warm-up, in the search and the
+  retrains alike (``lr 3e-3``, ``warmup_steps 0``), where Post-LN is known to suffer
+  (Xiong et al. 2020, §3).
+
+A setting's verdict compares the searched genotype's mean valid metric over the seeds with the
+best named baseline's: ``beats`` (lower by more than the larger of the two standard deviations),
+``matches`` (within it) or ``loses``. Every run is an ordinary run folder under
+``<out>/<setting>/`` (``search/``, ``compare/<label>/seed<i>``); finished runs are reused, so the
+script can be re-run after an interruption or split with ``--settings``. The report is
+``<out>/report.md`` (one table per setting: mean ± std of valid and test metric, diverged runs),
+``<out>/report.json`` and ``<out>/curves.png`` (valid curves, one panel per setting).
+
+    python experiments/validate.py [--data ../shared/data/wikitext-2] [--config FILE] [--set KEY=VALUE ...]
+        [--settings shallow,deep,highlr] [--seeds 3] [--out runs/validate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from autoln.cli import guarded
+from autoln.config import load_config
+from autoln.io import save_figure_atomic, write_text_atomic
+
+#: Settings by name: the ``--set`` overrides that define them (applied to search and retrain).
+SETTINGS = {
+    "shallow": [],
+    "deep": ["model.n_layers=24", "model.d_model=64", "model.n_heads=4", "model.d_ff=256"],
+    "highlr": ["search.lr=3e-3", "search.warmup_steps=0", "retrain.lr=3e-3", "retrain.warmup_steps=0"],
+}
+
+
+def verdict(searched: list[float], best: list[float]) -> str:
+    """``beats`` / ``matches`` / ``loses``: the searched genotype's mean (lower is better)
+    against the best baseline's, with "within the larger standard deviation" as a match."""
+    if not searched:
+        return "loses (every seed diverged)"
+    if not best:
+        return "beats (every seed of every baseline diverged)"
+    sd = max(statistics.stdev(searched) if len(searched) > 1 else 0.0, statistics.stdev(best) if len(best) > 1 else 0.0)
+    gap = statistics.mean(searched) - statistics.mean(best)
+    return "beats" if gap < -sd else "matches" if gap <= sd else "loses"
+
+
+def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path) -> dict:
+    """Search and compare in one setting; returns its numbers."""
+    from autoln.compare import run_compare
+    from autoln.genotype import BASELINES, Genotype
+    from autoln.run_search import run_search
+
+    cfg = load_config(config, [*base_overrides, *SETTINGS[name]])
+    search_dir = out / name / "search"
+    if (search_dir / "genotype.json").exists():
+        genotype_path = search_dir / "genotype.json"
+        print(f"[validate] {name}: reusing {genotype_path}", file=sys.stderr)
+    else:
+        resume = (search_dir / "checkpoint.pt").exists()
+        print(f"[validate] {name}: search -> {search_dir}", file=sys.stderr, flush=True)
+        genotype_path = run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
+    genotype = Genotype.load(genotype_path)
+    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare")
+    headline = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity"}[cfg.data.tokenizer]
+    rows = []
+    for e in entries:
+        done = [r for r in e.runs if r is not None]
+        rows.append({"label": "searched" if e.spec == str(genotype_path) else e.label, "placements": e.placements,
+                     "valid": [r["valid"][headline] for r in done], "test": [r["test"][headline] for r in done],
+                     "diverged": len(e.runs) - len(done)})
+    searched = rows[0]
+    baselines = [r for r in rows[1:]]
+    best = min(baselines, key=lambda r: statistics.mean(r["valid"]) if r["valid"] else float("inf"))
+    return {"setting": name, "overrides": SETTINGS[name], "headline": headline, "genotype": genotype.describe(),
+            "search_wall_time_s": genotype.provenance.get("metrics", {}).get("wall_time_s"),
+            "rows": rows, "best_baseline": best["label"], "verdict": verdict(searched["valid"], best["valid"]),
+            "retrain": {"steps": cfg.retrain.steps, "lr": cfg.retrain.lr, "warmup_steps": cfg.retrain.warmup_steps},
+            "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model}, "entries": entries}
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def setting_markdown(r: dict, seeds: int) -> str:
+    """One setting's section: settings line, table ranked by valid mean, verdict."""
+    ranked = sorted(r["rows"], key=lambda row: statistics.mean(row["valid"]) if row["valid"] else float("inf"))
+    lines = [f"## {r['setting']}", "",
+             f"{r['model']['n_layers']} blocks of width {r['model']['d_model']}; retrain {r['retrain']['steps']} steps, "
+             f"lr {r['retrain']['lr']}, {r['retrain']['warmup_steps']} warm-up steps; {seeds} seeds; overrides "
+             f"`{' '.join(r['overrides']) or '(none)'}`. Searched genotype: `{r['genotype']}` "
+             f"(search {r['search_wall_time_s']} s).", "",
+             f"| genotype | placements | valid {r['headline']} | test {r['headline']} | diverged |", "|---|---|---|---|---|"]
+    for row in ranked:
+        name = f"**{row['label']}**" if row["label"] == "searched" else row["label"]
+        lines.append(f"| {name} | {row['placements']} | {_ms(row['valid'])} | {_ms(row['test'])} | {row['diverged']} |")
+    lines += ["", f"Verdict: the searched genotype **{r['verdict']}** the best named baseline ({r['best_baseline']}).", ""]
+    return "\n".join(lines)
+
+
+def curves(results: list[dict]):
+    """Valid curves, one panel per setting (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from autoln.compare import mean_curve
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.8), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for k, e in enumerate(r["entries"]):
+            curve = mean_curve(e, r["headline"])
+            if curve:
+                label = "searched" if k == 0 else e.label
+                ax.plot([s for s, _ in curve], [v for _, v in curve], color=f"C{k % 10}", lw=2.2 if k == 0 else 1.2, label=label)
+        ax.set(title=r["setting"], xlabel="step", ylabel=f"valid {r['headline']}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="data.corpus (default: the config's; the README's table uses ../shared/data/wikitext-2)")
+    p.add_argument("--config", metavar="FILE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {list(SETTINGS)}")
+    p.add_argument("--seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
+    p.add_argument("--out", default="runs/validate")
+    args = p.parse_args(argv)
+
+    def body() -> None:
+        from autoln.errors import ConfigError
+
+        names = [s.strip() for s in args.settings.split(",") if s.strip()]
+        unknown = [s for s in names if s not in SETTINGS]
+        if unknown or not names:
+            raise ConfigError(f"--settings: unknown {unknown}; expected a comma-separated subset of {list(SETTINGS)}")
+        if args.seeds < 1:
+            raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
+        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        out = Path(args.out)
+        results = [run_setting(name, overrides, args.config, args.seeds, out) for name in names]
+        wins = sum(r["verdict"] in ("beats", "matches") for r in results)
+        cfg = load_config(args.config, overrides)
+        report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "
+                  f"`python experiments/validate.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                  f"Mean ± std over {args.seeds} seeds of the final valid and test metric (lower is better); 'matches' = "
+                  f"within the larger standard deviation. The searched genotype matches or beats the best named baseline "
+                  f"in **{wins} of {len(results)}** settings.\n\n" + "\n".join(setting_markdown(r, args.seeds) for r in results))
+        write_text_atomic(out / "report.md", report)
+        plain = [{k: v for k, v in r.items() if k != "entries"} for r in results]
+        write_text_atomic(out / "report.json", json.dumps(plain, indent=2) + "\n")
+        fig = curves(results)
+        save_figure_atomic(fig, out / "curves.png")
+        print(report + f"\nwrote {out / 'report.md'}, {out / 'report.json'}, {out / 'curves.png'}")
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``search.py --seeds N``: majority vote, agreement, and the command on a tiny config."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+from autoln.config import ModelConfig
+from autoln.consensus import vote
+from autoln.errors import ConfigError
+from autoln.genotype import Genotype, from_probabilities
+
+from .test_cli import TINY, event_tags, run
+
+CFG = ModelConfig(n_layers=3)
+
+
+def _genotype(rows: list[list[float]]) -> Genotype:
+    return from_probabilities(np.array(rows), CFG, 256)
+
+
+def test_vote_majority_agreement_and_tie_break():
+    a = _genotype([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.4, 0.35, 0.25]])  # pre post pre
+    b = _genotype([[0.5, 0.4, 0.1], [0.1, 0.2, 0.7], [0.3, 0.6, 0.1]])    # pre deepnorm post
+    c = _genotype([[0.7, 0.2, 0.1], [0.3, 0.6, 0.1], [0.2, 0.2, 0.6]])    # pre post deepnorm
+    v = vote([a, b, c])
+    assert v.votes.tolist() == [[3, 0, 0], [0, 2, 1], [1, 1, 1]]
+    assert v.agreement == pytest.approx(1 / 3)  # only block0 is unanimous
+    # block2 is a three-way tie: the largest mean probability (pre 0.30, post 0.383, deepnorm 0.317) wins
+    assert [v.candidates[k] for k in v.choices] == ["pre", "post", "post"]
+    np.testing.assert_allclose(v.probabilities[1], [0.2, 0.5, 0.3])
+    assert vote([a, a]).agreement == 1.0
+
+
+def test_vote_refuses_mixed_search_spaces():
+    other = from_probabilities(np.full((4, 3), 1 / 3), ModelConfig(n_layers=4), 256)
+    with pytest.raises(ConfigError, match="differ"):
+        vote([_genotype([[1, 0, 0]] * 3), other])
+
+
+def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_dir):
+    out = tmp_path / "seeds"
+    proc = run("search.py", "--config", TINY, "--seeds", "3", "--workers", "2", "--set", "search.steps=12", "--set", "search.eval_every=6",
+               "--set", "search.selection_tune_steps=2", "--out", str(out), cache=cache_dir)
+    seeds = [Genotype.load(out / f"seed{s}" / "genotype.json") for s in range(3)]
+    assert [g.provenance["seed"] for g in seeds] == [0, 1, 2]
+    consensus = Genotype.load(out / "genotype.json")
+    expected = vote(seeds)
+    assert consensus.describe() == " ".join(expected.candidates[k] for k in expected.choices)
+    info = consensus.provenance["consensus"]
+    assert info["seeds"] == [0, 1, 2] and info["agreement"] == expected.agreement
+    assert [g["placements"] for g in info["genotypes"]] == [g.describe() for g in seeds]
+    assert np.array(info["votes"]).sum(axis=1).tolist() == [3, 3]
+    table = (out / "votes.md").read_text()
+    assert f"agreement {expected.agreement:.0%}" in table and "| block1 |" in table
+    assert f"agreement: {expected.agreement:.0%} of sites" in proc.stdout
+    acc = event_tags(out)
+    assert {"consensus/agreement", "votes/block0/pre", "votes/block1/deepnorm"} <= set(acc.Tags()["scalars"])
+    # a re-run reuses the seeds and refuses to overwrite the finished consensus without --overwrite
+    again = run("search.py", "--config", TINY, "--seeds", "3", "--out", str(out), cache=cache_dir, check=False)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_seeds_refuses_bad_counts(tmp_path, cache_dir):
+    proc = run("search.py", "--seeds", "1", "--out", str(tmp_path / "x"), cache=cache_dir, check=False)
+    assert proc.returncode == 2 and "--seeds must be at least 2" in proc.stderr
+    proc = run("search.py", "--seeds", "2", "--tune", cache=cache_dir, check=False)
+    assert proc.returncode == 2 and "give one of them" in proc.stderr

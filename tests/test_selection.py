@@ -1,0 +1,86 @@
+"""Perturbation-based selection (DARTS-PT, Wang et al. 2021) on a hand-built supernet, and the
+supernet's projected and perturbed mixing weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autoln.config import ModelConfig
+from autoln.genotype import from_probabilities
+from autoln.selection import clear_winner, loss_rises, perturbation_select
+from autoln.supernet import Supernet
+
+VOCAB = 11
+
+
+def test_drop_zeroes_one_weight_without_renormalising_and_projection_is_one_hot(tiny_model_cfg):
+    net = Supernet(tiny_model_cfg, VOCAB, arch_init_std=0.5)
+    w = net.site_weights().detach()
+    dropped = net.mixing_weights(drop=(1, 2)).detach()
+    assert dropped[1, 0, 2] == 0 and dropped[1, 1, 2] == 0
+    torch.testing.assert_close(dropped[1, :, :2], w[1, :2].expand(2, 2))  # the others keep their weights
+    torch.testing.assert_close(dropped[0], w[0].expand(2, 3))
+    net.projected = {0: 1}
+    proj = net.mixing_weights().detach()
+    assert torch.equal(proj[0], torch.tensor([[0.0, 1.0, 0.0]] * 2))
+    torch.testing.assert_close(proj[2], w[2].expand(2, 3))
+    assert net.mixing_weights(drop=(0, 1)).detach()[0].abs().sum() == 0  # removing the kept one empties the site
+
+
+def _hand_built():
+    """One block of pre/post/deepnorm, one site per sublayer. Post-LN's and DeepNorm's norms have gain and bias 0, so
+    they add nothing at any weight, yet Post-LN's alpha is the largest and Pre-LN's the smallest;
+    the loss is the distance of the residual stream to the all-Pre-LN supernet's, so only
+    removing Pre-LN hurts (the stream then drops to 0)."""
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_ff=32, context=8, granularity="sublayer")
+    net = Supernet(cfg, VOCAB)
+    with torch.no_grad():
+        net.alphas.copy_(torch.tensor([[0.0, 2.0, 1.0], [0.0, 2.0, 1.0]]))
+        for block in net.blocks:
+            for site in (block.attn_site, block.ffn_site):
+                for name in ("post", "deepnorm"):
+                    site.placements[name].norm.weight.zero_()
+                    site.placements[name].norm.bias.zero_()
+    net.eval()
+    idx = torch.randint(0, VOCAB, (4, cfg.context))
+    one_hot_pre = torch.zeros(1, 2, 3)
+    one_hot_pre[..., 0] = 1.0
+    with torch.no_grad():
+        teacher = net.hidden_states(idx, mix=one_hot_pre)[-1]
+
+    def loss(mix):
+        return float(F.mse_loss(net.hidden_states(idx, mix=mix)[-1], teacher))
+    return net, loss
+
+
+def test_perturbation_picks_the_candidate_whose_removal_hurts_most_not_the_largest_alpha():
+    net, loss = _hand_built()
+    assert [net.candidates[i] for i in net.alphas.argmax(-1).tolist()] == ["post", "post"]  # what argmax would say
+    base, rises = loss_rises(net, 0, loss)
+    assert rises[1] == pytest.approx(0.0, abs=1e-9) and rises[2] == pytest.approx(0.0, abs=1e-9)  # they add nothing
+    assert rises[0] > 1e-3 and base > 0
+    tuned = []
+    sel = perturbation_select(net, loss, lambda: tuned.append(dict(net.projected)), order=[1, 0])
+    assert sel.choices == [0, 0] and [net.candidates[c] for c in sel.choices] == ["pre", "pre"]
+    assert sel.order == [1, 0] and tuned == [{1: 0}]  # one fine-tune, after the first decision
+    assert net.projected == {0: 0, 1: 0}
+    assert sel.loss_rises.shape == (2, 3) and np.argmax(sel.loss_rises, 1).tolist() == [0, 0]
+    assert sel.base_losses[0] < sel.base_losses[1]  # site 1 projected to Pre-LN first: closer to the teacher
+    assert loss(net.mixing_weights()) == pytest.approx(0.0, abs=1e-10)  # all one-hot Pre-LN = the teacher
+    g = from_probabilities(net.probabilities(), net.cfg, VOCAB, choices=sel.choices)
+    assert g.placements == [{"attn": "pre", "ffn": "pre"}] and g.site_probabilities()[0].argmax() == 1
+
+
+def test_order_must_be_a_permutation():
+    net, loss = _hand_built()
+    with pytest.raises(ValueError, match="permutation"):
+        perturbation_select(net, loss, lambda: None, order=[0, 0])
+
+
+def test_clear_winner_rule():
+    assert clear_winner([0.5, 0.35, 0.15])  # lead 0.15
+    assert not clear_winner([0.45, 0.31, 0.24])
+    assert not clear_winner([0.5, 0.45, 0.05])  # top >= 0.5, but no clear lead
