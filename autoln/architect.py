@@ -47,7 +47,7 @@ def _global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class Architect:
-    """Updates the supernet's alphas with Adam (defaults from DARTS: lr 3e-4, betas
+    """Updates the supernet's alphas with Adam (DARTS' betas
     (0.5, 0.999), weight decay 1e-3, from ``cfg.arch_*``), first- or second-order.
 
     Args:

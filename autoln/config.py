@@ -183,8 +183,9 @@ SELECTIONS = ("argmax", "perturbation")
 class SearchConfig(TrainConfig):
     """Bilevel search settings (DESIGN §4): weight settings from :class:`TrainConfig`, plus
 
-    - the architecture optimizer (DARTS defaults: Adam, ``arch_lr`` 3e-4, ``arch_betas``
-      (0.5, 0.999), ``arch_weight_decay`` 1e-3; alphas start as ``arch_init_std * randn``);
+    - the architecture optimizer (Adam with DARTS' ``arch_betas`` (0.5, 0.999),
+      ``arch_weight_decay`` 1e-3 and init ``arch_init_std * randn``; ``arch_lr`` 1e-2 instead of
+      DARTS' 3e-4, which was set for ~20k alpha steps, not the default's 400: see the README);
     - ``order``: 1 (first-order) or 2 (second-order, DARTS' unrolled step, ``xi`` = current
       weight learning rate);
     - ``mixing``: ``softmax`` | ``gumbel`` | ``gumbel-hard`` | ``sigmoid`` (:mod:`autoln.mixing`),
@@ -204,16 +205,16 @@ class SearchConfig(TrainConfig):
     """
 
     steps: int = 500
-    arch_lr: float = 3e-4
+    arch_lr: float = 1e-2
     arch_betas: tuple[float, float] = (0.5, 0.999)
     arch_weight_decay: float = 1e-3
     arch_init_std: float = 1e-3
     order: int = 1
     mixing: str = "softmax"
     tau_start: float = 1.0
-    tau_end: float = 1.0
+    tau_end: float = 0.2
     zero_one_weight: float = 0.0
-    arch_warmup_steps: int = 0
+    arch_warmup_steps: int = 100
     beta_reg_max: float = 0.0
     sdarts_eps: float = 0.0
     monitor_windows: int = 8
@@ -237,7 +238,8 @@ class SearchConfig(TrainConfig):
         if self.early_stop == "hessian" and self.monitor_windows == 0:
             raise ConfigError("search.early_stop=hessian needs search.monitor_windows > 0")
         if self.tau_start != self.tau_end and self.mixing == "sigmoid":
-            raise ConfigError("search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal")
+            raise ConfigError(f"search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal (they are "
+                              f"{self.tau_start} and {self.tau_end}: e.g. --set search.tau_end={self.tau_start})")
 
 
 @dataclass

@@ -144,7 +144,7 @@ def test_wikitext2_search_and_retrain(tmp_path, tokenizer, metric):
     ["search.order=2"],
     ["search.mixing=gumbel", "search.tau_start=5", "search.tau_end=0.5"],
     ["search.mixing=gumbel-hard", "search.tau_start=5", "search.tau_end=0.5"],
-    ["search.mixing=sigmoid", "search.zero_one_weight=10"],
+    ["search.mixing=sigmoid", "search.zero_one_weight=10", "search.tau_end=1.0"],
     ["search.arch_warmup_steps=20", "search.beta_reg_max=5", "search.sdarts_eps=0.03", "search.early_stop=hessian",
      "model.granularity=sublayer"],
 ], ids=["order2", "gumbel", "gumbel-hard", "sigmoid", "regularised"])

@@ -115,7 +115,7 @@ def test_reproduction_script_part_a_writes_its_report(tmp_path, cache):
 
 def test_validation_script_reports_each_setting_against_every_baseline(tmp_path, cache):
     out = tmp_path / "validate"
-    short = ["--set", "search.steps=10", "--set", "search.eval_every=5", "--set", "search.selection_tune_steps=1",
+    short = ["--set", "search.steps=10", "--set", "search.eval_every=5", "--set", "search.selection_tune_steps=1", "--set", "search.arch_warmup_steps=2",
              "--set", "retrain.steps=6", "--set", "retrain.eval_every=3", "--set", "retrain.final_eval_windows=4",
              "--set", "logging.tensorboard=false"]
     proc = run(str(ROOT / "experiments" / "validate.py"), "--config", TINY, *short, "--settings", "highlr", "--seeds", "2",

@@ -42,7 +42,7 @@ def test_vote_refuses_mixed_search_spaces():
 def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_dir):
     out = tmp_path / "seeds"
     proc = run("search.py", "--config", TINY, "--seeds", "3", "--workers", "2", "--set", "search.steps=12", "--set", "search.eval_every=6",
-               "--set", "search.selection_tune_steps=2", "--out", str(out), cache=cache_dir)
+               "--set", "search.selection_tune_steps=2", "--set", "search.arch_warmup_steps=2", "--out", str(out), cache=cache_dir)
     seeds = [Genotype.load(out / f"seed{s}" / "genotype.json") for s in range(3)]
     assert [g.provenance["seed"] for g in seeds] == [0, 1, 2]
     consensus = Genotype.load(out / "genotype.json")

@@ -26,7 +26,7 @@ from autoln.model import TransformerLM
 from .conftest import ROOT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-SEARCH = ["--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_lr=0.01"]
+SEARCH = ["--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_lr=0.01", "--set", "search.arch_warmup_steps=10"]
 RETRAIN = ["--set", "retrain.steps=48", "--set", "retrain.eval_every=16", "--set", "retrain.final_eval_windows=8"]
 COMMON = ["--config", TINY, "--set", "checkpoint.every=4", "--set", "logging.progress=false", "--set", "logging.log_every=2"]
 
@@ -167,7 +167,7 @@ def nan_at(monkeypatch):
 def tiny(tmp_path, *sets: str):
     os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     return load_config(TINY, ["retrain.steps=12", "retrain.eval_every=6", "retrain.final_eval_windows=4", "search.steps=12",
-                              "search.eval_every=6", "checkpoint.every=2", "logging.progress=false", *sets])
+                              "search.eval_every=6", "search.arch_warmup_steps=0", "checkpoint.every=2", "logging.progress=false", *sets])
 
 
 def test_divergence_stop_keeps_the_last_good_checkpoint(tmp_path, nan_at):

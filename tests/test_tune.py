@@ -130,7 +130,7 @@ def test_space_errors_name_the_key(space, message):
 
 
 def test_space_bounds_are_checked_only_when_tuning():
-    cfg = load_config(None, ["search.mixing=sigmoid"])  # a plain search: the default space's tau_start is irrelevant
+    cfg = load_config(None, ["search.mixing=sigmoid", "search.tau_end=1.0"])  # a plain search: the default space's tau_start is irrelevant
     with pytest.raises(ConfigError, match=r"tune.space\['search.tau_start'\]: the value 0.5 is invalid"):
         cfg.validate_space()
 
@@ -249,7 +249,7 @@ def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_pa
 def test_a_trial_that_raises_is_recorded_and_the_study_goes_on(tmp_path, cache):
     """Each bound is valid alone, the combination is not: every trial fails with its reason."""
     out = tmp_path / "errors"
-    proc = tune(out, *FAST, "--set", "tune.n_trials=2",
+    proc = tune(out, *FAST, "--set", "tune.n_trials=2", "--set", "search.tau_end=1.0",
                 "--set", "tune.space={search.mixing: {categorical: [sigmoid]}, search.tau_start: {uniform: [1.5, 2.0]}}",
                 cache=cache)
     table = rows(out)
