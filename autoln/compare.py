@@ -167,7 +167,8 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     return entries
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
+    """``mean ± std`` (sample std) of ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
     if not values:
         return "-"
     if len(values) == 1:
@@ -186,7 +187,7 @@ def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
         valid = [r["valid"][headline] for r in done]
         test = [r["test"][headline] for r in done]
         rows.append({"genotype": e.label, "placements": e.placements, "seeds": len(e.runs),
-                     f"valid_{headline}": _mean_std(valid), f"test_{headline}": _mean_std(test),
+                     f"valid_{headline}": mean_std(valid), f"test_{headline}": mean_std(test),
                      "diverged": len(e.runs) - len(done),
                      "wall_time_s": round(statistics.mean(r["wall_time_s"] for r in done), 1) if done else None,
                      "_valid_mean": statistics.mean(valid) if valid else float("inf")})

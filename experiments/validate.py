@@ -59,6 +59,7 @@ def verdict(searched: list[float], best: list[float]) -> str:
 def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path) -> dict:
     """Search and compare in one setting; returns its numbers."""
     from autoln.compare import run_compare
+    from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
     from autoln.run_search import run_search
 
@@ -73,7 +74,7 @@ def run_setting(name: str, base_overrides: list[str], config: str | None, seeds:
         genotype_path = run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
     genotype = Genotype.load(genotype_path)
     entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare")
-    headline = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity"}[cfg.data.tokenizer]
+    headline = HEADLINE[cfg.data.tokenizer]
     rows = []
     for e in entries:
         done = [r for r in e.runs if r is not None]
@@ -81,8 +82,7 @@ def run_setting(name: str, base_overrides: list[str], config: str | None, seeds:
                      "valid": [r["valid"][headline] for r in done], "test": [r["test"][headline] for r in done],
                      "diverged": len(e.runs) - len(done)})
     searched = rows[0]
-    baselines = [r for r in rows[1:]]
-    best = min(baselines, key=lambda r: statistics.mean(r["valid"]) if r["valid"] else float("inf"))
+    best = min(rows[1:], key=lambda r: statistics.mean(r["valid"]) if r["valid"] else float("inf"))
     return {"setting": name, "overrides": SETTINGS[name], "headline": headline, "genotype": genotype.describe(),
             "search_wall_time_s": genotype.provenance.get("metrics", {}).get("wall_time_s"),
             "rows": rows, "best_baseline": best["label"], "verdict": verdict(searched["valid"], best["valid"]),
@@ -90,16 +90,10 @@ def run_setting(name: str, base_overrides: list[str], config: str | None, seeds:
             "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model}, "entries": entries}
 
 
-def _ms(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
-
-
 def setting_markdown(r: dict, seeds: int) -> str:
     """One setting's section: settings line, table ranked by valid mean, verdict."""
+    from autoln.compare import mean_std
+
     ranked = sorted(r["rows"], key=lambda row: statistics.mean(row["valid"]) if row["valid"] else float("inf"))
     lines = [f"## {r['setting']}", "",
              f"{r['model']['n_layers']} blocks of width {r['model']['d_model']}; retrain {r['retrain']['steps']} steps, "
@@ -109,7 +103,7 @@ def setting_markdown(r: dict, seeds: int) -> str:
              f"| genotype | placements | valid {r['headline']} | test {r['headline']} | diverged |", "|---|---|---|---|---|"]
     for row in ranked:
         name = f"**{row['label']}**" if row["label"] == "searched" else row["label"]
-        lines.append(f"| {name} | {row['placements']} | {_ms(row['valid'])} | {_ms(row['test'])} | {row['diverged']} |")
+        lines.append(f"| {name} | {row['placements']} | {mean_std(row['valid'])} | {mean_std(row['test'])} | {row['diverged']} |")
     lines += ["", f"Verdict: the searched genotype **{r['verdict']}** the best named baseline ({r['best_baseline']}).", ""]
     return "\n".join(lines)
 
