@@ -201,7 +201,12 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
             print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
             for site, row in zip(sites, site_rows(rises, g.granularity)):
                 print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4f')}" for c, v in zip(g.candidates, row)))
-        undecided = undecided_sites(g.site_probabilities(), sites)
+        chosen, probs = site_choices(g), g.site_probabilities()
+        overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
+                     if g.candidates.index(name) != int(row.argmax())]
+        if overruled:
+            print(f"note: the loss rises overruled the largest probability at {', '.join(overruled)}")
+        undecided = undecided_sites(probs, sites)
         if undecided:
             print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
                   "check the answer's agreement across seeds with --seeds 3")

@@ -212,7 +212,7 @@ class SearchConfig(TrainConfig):
     order: int = 1
     mixing: str = "softmax"
     tau_start: float = 1.0
-    tau_end: float = 0.2
+    tau_end: float = 0.1
     zero_one_weight: float = 0.0
     arch_warmup_steps: int = 100
     beta_reg_max: float = 0.0
