@@ -199,8 +199,13 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         rises = g.provenance["selection"].get("loss_rises")
         if rises is not None:
             print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
+            idle = []
             for site, row in zip(sites, site_rows(rises, g.granularity)):
-                print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4f')}" for c, v in zip(g.candidates, row)))
+                print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4g')}" for c, v in zip(g.candidates, row)))
+                if all(v is None or v <= 0 for v in row):
+                    idle.append(site)
+            if idle:
+                print(f"note: at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary")
         chosen, probs = site_choices(g), g.site_probabilities()
         overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
                      if g.candidates.index(name) != int(row.argmax())]

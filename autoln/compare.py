@@ -36,13 +36,13 @@ TABLE = "compare.csv"
 RECORD = "compare.json"
 
 
-def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     """``key (old -> new)`` for every leaf that differs between two nested dicts."""
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
+            out += differences(a, b, f"{prefix}{key}.")
         elif a != b:
             out.append(f"{prefix}{key} ({a!r} -> {b!r})")
     return out
@@ -136,7 +136,7 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     previous = out / RECORD
     if previous.exists() and not overwrite:
         old = json.loads(previous.read_text())
-        diff = _differences(old, record)
+        diff = differences(old, record)
         if diff:
             raise ConfigError(f"--out {out} holds a comparison made with other settings ({'; '.join(diff)}); "
                               "choose another --out or pass --overwrite to redo every run")

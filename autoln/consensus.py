@@ -34,7 +34,7 @@ from .errors import ConfigError
 from .genotype import Genotype, nest_sites, site_rows
 from .io import write_text_atomic
 from .supernet import site_names
-from .training import CHECKPOINT_FILE, check_out_dir, utc_now
+from .training import CHECKPOINT_FILE, check_out_dir, prepare_out_dir, utc_now
 
 GENOTYPE_FILE = "genotype.json"
 VOTES_FILE = "votes.md"
@@ -107,6 +107,7 @@ def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int]
     provenance = {
         "created": utc_now(), "command": " ".join(sys.argv), "config": first.provenance.get("config"),
         "data": first.provenance.get("data"), "packages": first.provenance.get("packages"),
+        "selection": {"method": (first.provenance.get("selection") or {}).get("method")},
         "consensus": {"seeds": seeds, "agreement": c.agreement,
                       "votes": nest_sites([[int(v) for v in row] for row in c.votes], first.granularity),
                       "genotypes": [{"seed": s, "file": str(f / GENOTYPE_FILE), "placements": g.describe()}
@@ -115,6 +116,45 @@ def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int]
     names = [c.candidates[k] for k in c.choices]
     return Genotype(list(c.candidates), first.granularity, nest_sites(names, first.granularity),
                     nest_sites(rows, first.granularity), dict(first.model), provenance)
+
+
+#: Config sections that decide what a search computes (logging and the tuner's settings do not).
+SEARCH_SECTIONS = ("data", "model", "search")
+
+
+def check_same_search(folder: Path, cfg: Config) -> None:
+    """Refuse to reuse the finished search in ``folder`` unless its genotype's recorded config
+    equals ``cfg`` in :data:`SEARCH_SECTIONS` (device and progress aside).
+
+    Raises:
+        ConfigError: naming each differing key, and the way out (``--overwrite`` or another ``--out``).
+    """
+    from .compare import differences
+
+    def relevant(d: dict) -> dict:
+        out = {k: dict(v) for k, v in d.items() if k in SEARCH_SECTIONS}
+        out.get("search", {}).pop("device", None)
+        return out
+
+    recorded = Genotype.load(folder / GENOTYPE_FILE).provenance.get("config") or {}
+    diff = differences(relevant(recorded), relevant(cfg.to_dict()))
+    if diff:
+        raise ConfigError(f"{folder} holds a search made with other settings ({'; '.join(diff)}); "
+                          "choose another --out or pass --overwrite to redo every seed")
+
+
+def clear_folder(out: Path) -> None:
+    """With ``--overwrite``: remove a previous run from ``out`` (a run's files and event files, as
+    :func:`autoln.training.prepare_out_dir`, plus ``votes.md`` and every ``seed<s>`` folder), so
+    the folder never mixes two runs."""
+    import re
+    import shutil
+
+    prepare_out_dir(out, overwrite=True)
+    (out / VOTES_FILE).unlink(missing_ok=True)
+    for folder in out.glob("seed*"):
+        if folder.is_dir() and re.fullmatch(r"seed\d+", folder.name):
+            shutil.rmtree(folder)
 
 
 def _search_one(cfg: Config, out: str, resume: bool, threads: Optional[int]) -> str:
@@ -137,7 +177,9 @@ def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, over
 
     Raises:
         ConfigError: ``n_seeds < 2`` or ``workers < 1``.
-        OutputError: ``out`` holds a finished run of another kind; as ``search.py``.
+        OutputError: ``out`` holds another command's run, or a finished consensus without
+            ``overwrite`` (which removes the previous consensus and its seed folders first).
+        ConfigError: a finished seed in ``out`` was searched with other settings.
         DataError, DivergenceError: from a seed's search (finished seeds are kept).
     """
     from .tb import Logger
@@ -146,19 +188,20 @@ def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, over
         raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {n_seeds}")
     if workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {workers}")
-    out = Path(out)
-    if (out / GENOTYPE_FILE).exists() and not overwrite:
-        check_out_dir(out, overwrite=False)  # a finished consensus: refuse, naming --overwrite
+    out = check_out_dir(out, overwrite)  # refuses another run's folder, and a finished consensus without --overwrite
     seeds = [cfg.search.seed + i for i in range(n_seeds)]
     folders = [out / f"seed{s}" for s in seeds]
     jobs = []
     for s, folder in zip(seeds, folders):
+        seeded = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, seed=s))
         if (folder / GENOTYPE_FILE).exists() and not overwrite:
+            check_same_search(folder, seeded)
             print(f"[seeds] seed {s}: reusing {folder / GENOTYPE_FILE}", file=sys.stderr)
             continue
-        seeded = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, seed=s))
         resume = (folder / CHECKPOINT_FILE).exists() and not overwrite
         jobs.append((s, seeded, folder, resume))
+    if overwrite:
+        clear_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     if workers == 1 or len(jobs) <= 1:
         for s, seeded, folder, resume in jobs:

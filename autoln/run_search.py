@@ -9,6 +9,7 @@ genotype (text), and a checkpoint. At the end ``genotype.json`` is written atomi
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
@@ -54,6 +55,12 @@ def check_searchable(mc) -> None:
     choice: a search needs at least two candidate placements."""
     if len(mc.candidates) < 2:
         raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
+
+
+def temperature(sc, step: int) -> float:
+    """The mixing temperature of 1-based search ``step``: linear from ``sc.tau_start`` at step 1
+    to exactly ``sc.tau_end`` at step ``sc.steps`` (SNAS, GDAS)."""
+    return linear(sc.tau_start, sc.tau_end, step - 1, sc.steps - 1)
 
 
 def undecided_sites(probs: np.ndarray, sites: list[str], lead: float = 0.15) -> list[str]:
@@ -201,6 +208,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         state.update(ckpt["state"])
         start = ckpt["step"]
         set_rng_state(ckpt["rng"])
+        model.tau = temperature(sc, start)  # what the checkpointed step used (the selection after the last step uses it)
     log = Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None)
     if not start:
         log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
@@ -229,7 +237,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     try:
         with StopSignals() as signals:
             for step in bar:
-                model.tau = linear(sc.tau_start, sc.tau_end, step - 1, sc.steps)
+                model.tau = temperature(sc, step)
                 batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
                 batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
                 loss_a = float("nan")
@@ -292,12 +300,24 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                                    f"L_w={loss_w}, L_alpha={loss_a} (fine-tuning of perturbation-based selection)", tune_state, log)
 
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
-        selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
-                                  tune, sc.seed, log, sc.steps, show)
+        try:
+            with StopSignals() as signals:
+                def tune_or_stop() -> None:
+                    tune()
+                    if signals.requested(device):
+                        raise Interrupted(signals.received or signal.SIGTERM,
+                                          f"stopped by signal during perturbation-based selection; {out / CHECKPOINT_FILE} holds the "
+                                          f"supernet of step {sc.steps}: continue with the same command and --resume --out {out} "
+                                          "(the selection starts again from that checkpoint)")
+                selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
+                                          tune_or_stop, sc.seed, log, sc.steps, show)
+        except BaseException:
+            log.close()
+            raise
         selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
         log.scalars(selected_valid, sc.steps, "valid_selected")
         # the alphas went on training during the fine-tuning: log where they ended, after it
-        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + sc.selection_tune_steps * (len(model.site_names) - 1))
+        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0])
 
     wall = state["wall_time_s"] + time.perf_counter() - session
     provenance = {

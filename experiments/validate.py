@@ -20,19 +20,17 @@ script can be re-run after an interruption or split with ``--settings``. The rep
 ``<out>/report.json`` and ``<out>/curves.png`` (valid curves, one panel per setting).
 
     python experiments/validate.py [--data ../shared/data/wikitext-2] [--config FILE] [--set KEY=VALUE ...]
-        [--settings shallow,deep,highlr] [--seeds 3] [--out runs/validate]
+        [--settings shallow,deep,highlr] [--seeds 3] [--out runs/validate] [--overwrite]
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
 
-from autoln.cli import guarded
+from autoln.cli import OneLineParser, guarded
 from autoln.config import load_config
 from autoln.io import save_figure_atomic, write_text_atomic
 
@@ -56,8 +54,11 @@ def verdict(searched: list[float], best: list[float]) -> str:
     return "beats" if gap < -sd else "matches" if gap <= sd else "loses"
 
 
-def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path) -> dict:
-    """Search and compare in one setting; returns its numbers."""
+def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False) -> dict:
+    """Search and compare in one setting; returns its numbers. A finished search or retrain in
+    ``out`` is reused only when it was made with the same settings (else ConfigError, unless
+    ``overwrite``, which redoes them)."""
+    from autoln.consensus import check_same_search
     from autoln.compare import run_compare
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
@@ -65,15 +66,16 @@ def run_setting(name: str, base_overrides: list[str], config: str | None, seeds:
 
     cfg = load_config(config, [*base_overrides, *SETTINGS[name]])
     search_dir = out / name / "search"
-    if (search_dir / "genotype.json").exists():
+    if (search_dir / "genotype.json").exists() and not overwrite:
+        check_same_search(search_dir, cfg)
         genotype_path = search_dir / "genotype.json"
         print(f"[validate] {name}: reusing {genotype_path}", file=sys.stderr)
     else:
-        resume = (search_dir / "checkpoint.pt").exists()
+        resume = (search_dir / "checkpoint.pt").exists() and not overwrite
         print(f"[validate] {name}: search -> {search_dir}", file=sys.stderr, flush=True)
         genotype_path = run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
     genotype = Genotype.load(genotype_path)
-    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare")
+    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite)
     headline = HEADLINE[cfg.data.tokenizer]
     rows = []
     for e in entries:
@@ -97,14 +99,16 @@ def setting_markdown(r: dict, seeds: int) -> str:
     ranked = sorted(r["rows"], key=lambda row: statistics.mean(row["valid"]) if row["valid"] else float("inf"))
     lines = [f"## {r['setting']}", "",
              f"{r['model']['n_layers']} blocks of width {r['model']['d_model']}; retrain {r['retrain']['steps']} steps, "
-             f"lr {r['retrain']['lr']}, {r['retrain']['warmup_steps']} warm-up steps; {seeds} seeds; overrides "
+             f"lr {r['retrain']['lr']}, {r['retrain']['warmup_steps']} warm-up steps; {seeds} seed{'s' if seeds != 1 else ''}; overrides "
              f"`{' '.join(r['overrides']) or '(none)'}`. Searched genotype: `{r['genotype']}` "
              f"(search {r['search_wall_time_s']} s).", "",
              f"| genotype | placements | valid {r['headline']} | test {r['headline']} | diverged |", "|---|---|---|---|---|"]
     for row in ranked:
         name = f"**{row['label']}**" if row["label"] == "searched" else row["label"]
         lines.append(f"| {name} | {row['placements']} | {mean_std(row['valid'])} | {mean_std(row['test'])} | {row['diverged']} |")
-    lines += ["", f"Verdict: the searched genotype **{r['verdict']}** the best named baseline ({r['best_baseline']}).", ""]
+    same = [row["label"] for row in r["rows"][1:] if row["placements"] == r["rows"][0]["placements"]]
+    also = f" The searched genotype has the same placements as {', '.join(same)}." if same else ""
+    lines += ["", f"Verdict: the searched genotype **{r['verdict']}** the best named baseline ({r['best_baseline']}).{also}", ""]
     return "\n".join(lines)
 
 
@@ -132,13 +136,14 @@ def curves(results: list[dict]):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="validate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None, help="data.corpus (default: the config's; the README's table uses ../shared/data/wikitext-2)")
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {list(SETTINGS)}")
     p.add_argument("--seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
     p.add_argument("--out", default="runs/validate")
+    p.add_argument("--overwrite", action="store_true", help="redo the searches and retrains of the chosen settings in --out")
     args = p.parse_args(argv)
 
     def body() -> None:
@@ -146,18 +151,18 @@ def main(argv=None) -> int:
 
         names = [s.strip() for s in args.settings.split(",") if s.strip()]
         unknown = [s for s in names if s not in SETTINGS]
-        if unknown or not names:
-            raise ConfigError(f"--settings: unknown {unknown}; expected a comma-separated subset of {list(SETTINGS)}")
+        if unknown or not names or len(set(names)) != len(names):
+            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
         if args.seeds < 1:
             raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
         overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
         out = Path(args.out)
-        results = [run_setting(name, overrides, args.config, args.seeds, out) for name in names]
+        results = [run_setting(name, overrides, args.config, args.seeds, out, args.overwrite) for name in names]
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
         report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "
                   f"`python experiments/validate.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
-                  f"Mean ± std over {args.seeds} seeds of the final valid and test metric (lower is better); 'matches' = "
+                  f"Mean ± std over {args.seeds} seed{'s' if args.seeds != 1 else ''} of the final valid and test metric (lower is better); 'matches' = "
                   f"within the larger standard deviation. The searched genotype matches or beats the best named baseline "
                   f"in **{wins} of {len(results)}** settings.\n\n" + "\n".join(setting_markdown(r, args.seeds) for r in results))
         write_text_atomic(out / "report.md", report)

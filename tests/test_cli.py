@@ -162,8 +162,8 @@ def test_search_options_run_to_a_valid_genotype(tmp_path, sets):
     assert {"monitor/hessian_eigenvalue", "monitor/mean_entropy", "monitor/genotype_changed", "search/tau"} <= tags
     if "search.tau_start=5" in sets:
         taus = acc.Scalars("search/tau")
-        assert taus[0].value == pytest.approx(5 - 4.5 * (taus[0].step - 1) / 40)
-        assert taus[-1].value == pytest.approx(5 - 4.5 * 39 / 40)
+        assert taus[0].value == pytest.approx(5 - 4.5 * (taus[0].step - 1) / 39)
+        assert taus[-1].step == 40 and taus[-1].value == pytest.approx(0.5)  # the last step uses tau_end exactly
 
 
 def test_bad_input_leaves_no_folder_and_overwrite_keeps_old_run_until_inputs_are_good(tmp_path, searched):

@@ -67,3 +67,21 @@ def test_seeds_refuses_bad_counts(tmp_path, cache_dir):
     assert proc.returncode == 2 and "--seeds must be at least 2" in proc.stderr
     proc = run("search.py", "--seeds", "2", "--tune", cache=cache_dir, check=False)
     assert proc.returncode == 2 and "give one of them" in proc.stderr
+
+
+def test_seeds_refuse_stale_seeds_and_overwrite_clears_the_folder(tmp_path, cache_dir):
+    out = tmp_path / "seeds"
+    short = ["--set", "search.steps=6", "--set", "search.eval_every=3", "--set", "search.selection_tune_steps=1",
+             "--set", "search.arch_warmup_steps=2", "--set", "logging.tensorboard=false"]
+    run("search.py", "--config", TINY, "--seeds", "3", *short, "--out", str(out), cache=cache_dir)
+    (out / "genotype.json").unlink()  # an interrupted consensus whose seeds are finished ...
+    stale = run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=5", "--out", str(out),
+                cache=cache_dir, check=False)  # ... is not finished with other settings
+    assert stale.returncode == 2 and "search.steps (6 -> 5)" in stale.stderr and "--overwrite" in stale.stderr
+    run("search.py", "--config", TINY, "--seeds", "2", *short, "--out", str(out), "--overwrite", cache=cache_dir)
+    assert sorted(p.name for p in out.iterdir()) == ["genotype.json", "seed0", "seed1", "votes.md"]  # seed2 is gone
+    retrain = tmp_path / "retrain"
+    run("retrain.py", "--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=2", "--set", "retrain.final_eval_windows=2",
+        "--out", str(retrain), cache=cache_dir)
+    other = run("search.py", "--config", TINY, "--seeds", "2", *short, "--out", str(retrain), cache=cache_dir, check=False)
+    assert other.returncode == 2 and "metrics.json" in other.stderr

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,3 +234,19 @@ def test_usage_errors_are_one_line_and_huge_numbers_stay_short():
     assert number(3.14159) == "3.1416" and number(1.01e304) == "1.01e+304"
     assert math.isnan(max_eigenvalue(torch.tensor([[1.0, float("inf")], [float("inf"), 1.0]])))
     assert max_eigenvalue(torch.tensor([[2.0, 0.0], [0.0, 1.0]])) == pytest.approx(2.0)
+
+
+def test_search_resumed_from_its_last_step_redoes_the_selection_exactly(tmp_path):
+    """A search stopped after its last step (during perturbation-based selection) resumes from
+    that step's checkpoint: the annealed temperature is restored with it, so the selection, the
+    fine-tuning and the genotype are those of the uninterrupted run."""
+    cfg = tiny(tmp_path, "search.tau_end=0.1", "search.selection_tune_steps=3")
+    whole = rs.run_search(cfg, tmp_path / "whole").genotype
+    again = tmp_path / "again"
+    again.mkdir()
+    for name in ("checkpoint.pt", "config.yaml"):
+        shutil.copy(tmp_path / "whole" / name, again / name)
+    resumed = rs.run_search(cfg, again, resume=True).genotype
+    assert resumed.placements == whole.placements and resumed.probabilities == whole.probabilities
+    assert resumed.provenance["selection"]["loss_rises"] == whole.provenance["selection"]["loss_rises"]
+    assert whole.provenance["config"]["search"]["tau_end"] == 0.1
