@@ -41,8 +41,9 @@ def test_vote_refuses_mixed_search_spaces():
 
 def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_dir):
     out = tmp_path / "seeds"
-    proc = run("search.py", "--config", TINY, "--seeds", "3", "--workers", "2", "--set", "search.steps=12", "--set", "search.eval_every=6",
-               "--set", "search.selection_tune_steps=2", "--set", "search.arch_warmup_steps=2", "--out", str(out), cache=cache_dir)
+    short = ["--set", "search.eval_every=6", "--set", "search.selection_tune_steps=2", "--set", "search.arch_warmup_steps=2"]
+    proc = run("search.py", "--config", TINY, "--seeds", "3", "--workers", "2", "--set", "search.steps=12", *short,
+               "--out", str(out), cache=cache_dir)
     seeds = [Genotype.load(out / f"seed{s}" / "genotype.json") for s in range(3)]
     assert [g.provenance["seed"] for g in seeds] == [0, 1, 2]
     consensus = Genotype.load(out / "genotype.json")
@@ -60,6 +61,22 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
     # a re-run reuses the seeds and refuses to overwrite the finished consensus without --overwrite
     again = run("search.py", "--config", TINY, "--seeds", "3", "--out", str(out), cache=cache_dir, check=False)
     assert again.returncode == 2 and "--overwrite" in again.stderr
+    # an interrupted consensus whose seeds are finished is not finished with other settings
+    (out / "genotype.json").unlink()
+    stale = run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=11", "--out", str(out),
+                cache=cache_dir, check=False)
+    assert stale.returncode == 2 and "search.steps (12 -> 11)" in stale.stderr and "--overwrite" in stale.stderr
+    # --overwrite removes the old consensus and every old seed folder
+    run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=2", "--set", "search.eval_every=2",
+        "--set", "search.arch_warmup_steps=0", "--out", str(out), "--overwrite", cache=cache_dir)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("events")) == ["genotype.json", "seed0", "seed1", "votes.md"]
+    assert len(list(out.glob("events.out.tfevents.*"))) == 1
+    # another command's finished run is not a consensus folder
+    other = tmp_path / "retrain"
+    other.mkdir()
+    (other / "metrics.json").write_text("{}")
+    refused = run("search.py", "--config", TINY, "--seeds", "2", "--out", str(other), cache=cache_dir, check=False)
+    assert refused.returncode == 2 and "metrics.json" in refused.stderr
 
 
 def test_seeds_refuses_bad_counts(tmp_path, cache_dir):
@@ -68,20 +85,3 @@ def test_seeds_refuses_bad_counts(tmp_path, cache_dir):
     proc = run("search.py", "--seeds", "2", "--tune", cache=cache_dir, check=False)
     assert proc.returncode == 2 and "give one of them" in proc.stderr
 
-
-def test_seeds_refuse_stale_seeds_and_overwrite_clears_the_folder(tmp_path, cache_dir):
-    out = tmp_path / "seeds"
-    short = ["--set", "search.steps=6", "--set", "search.eval_every=3", "--set", "search.selection_tune_steps=1",
-             "--set", "search.arch_warmup_steps=2", "--set", "logging.tensorboard=false"]
-    run("search.py", "--config", TINY, "--seeds", "3", *short, "--out", str(out), cache=cache_dir)
-    (out / "genotype.json").unlink()  # an interrupted consensus whose seeds are finished ...
-    stale = run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=5", "--out", str(out),
-                cache=cache_dir, check=False)  # ... is not finished with other settings
-    assert stale.returncode == 2 and "search.steps (6 -> 5)" in stale.stderr and "--overwrite" in stale.stderr
-    run("search.py", "--config", TINY, "--seeds", "2", *short, "--out", str(out), "--overwrite", cache=cache_dir)
-    assert sorted(p.name for p in out.iterdir()) == ["genotype.json", "seed0", "seed1", "votes.md"]  # seed2 is gone
-    retrain = tmp_path / "retrain"
-    run("retrain.py", "--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=2", "--set", "retrain.final_eval_windows=2",
-        "--out", str(retrain), cache=cache_dir)
-    other = run("search.py", "--config", TINY, "--seeds", "2", *short, "--out", str(retrain), cache=cache_dir, check=False)
-    assert other.returncode == 2 and "metrics.json" in other.stderr
