@@ -51,6 +51,7 @@ def _hand_built():
     with torch.no_grad():
         teacher = net.hidden_states(idx, mix=one_hot_pre)[-1]
 
+    @torch.no_grad()
     def loss(mix):
         return float(F.mse_loss(net.hidden_states(idx, mix=mix)[-1], teacher))
     return net, loss
