@@ -167,10 +167,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
 
     def body() -> None:
         from .config import load_config
-        from .consensus import site_choices
-        from .genotype import site_rows
-        from .run_search import genotype_markdown, run_search, undecided_sites
-        from .supernet import site_names
+        from .run_search import run_search
         from .training import default_out_dir
 
         from . import distributed
@@ -193,31 +190,42 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         selection = result.genotype.provenance["selection"]
         if selection.get("skipped_batches"):
             _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
-        g = result.genotype
-        sites = site_names(g.model["n_layers"], g.granularity)
-        print(genotype_markdown(g.site_probabilities(), sites, g.candidates, [g.candidates.index(n) for n in site_choices(g)]))
-        rises = g.provenance["selection"].get("loss_rises")
-        if rises is not None:
-            print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
-            idle = []
-            for site, row in zip(sites, site_rows(rises, g.granularity)):
-                print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4g')}" for c, v in zip(g.candidates, row)))
-                if all(v is None or v <= 0 for v in row):
-                    idle.append(site)
-            if idle:
-                print(f"note: at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary")
-        chosen, probs = site_choices(g), g.site_probabilities()
-        overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
-                     if g.candidates.index(name) != int(row.argmax())]
-        if overruled:
-            print(f"note: the loss rises overruled the largest probability at {', '.join(overruled)}")
-        undecided = undecided_sites(probs, sites)
-        if undecided:
-            print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
-                  "check the answer's agreement across seeds with --seeds 3")
+        _print_sites(result.genotype)
         print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
     return guarded(body)
+
+
+def _print_sites(g) -> None:
+    """After a search: the per-site probabilities and choice, the loss rises of perturbation-based
+    selection, and notes on the sites whose answer is weak (no clear winner, rises overruling
+    the probabilities, no candidate that helps)."""
+    from .consensus import site_choices
+    from .genotype import site_rows
+    from .run_search import genotype_markdown, undecided_sites
+    from .supernet import site_names
+
+    sites = site_names(g.model["n_layers"], g.granularity)
+    print(genotype_markdown(g.site_probabilities(), sites, g.candidates, [g.candidates.index(n) for n in site_choices(g)]))
+    rises = g.provenance["selection"].get("loss_rises")
+    if rises is not None:
+        print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
+        idle = []
+        for site, row in zip(sites, site_rows(rises, g.granularity)):
+            print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4g')}" for c, v in zip(g.candidates, row)))
+            if all(v is None or v <= 0 for v in row):
+                idle.append(site)
+        if idle:
+            print(f"note: at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary")
+    chosen, probs = site_choices(g), g.site_probabilities()
+    overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
+                 if g.candidates.index(name) != int(row.argmax())]
+    if overruled:
+        print(f"note: the loss rises overruled the largest probability at {', '.join(overruled)}")
+    undecided = undecided_sites(probs, sites)
+    if undecided:
+        print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
+              "check the answer's agreement across seeds with --seeds 3")
 
 
 def _seeds(cfg, args) -> None:

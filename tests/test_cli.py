@@ -52,6 +52,7 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert g.provenance["data"]["corpus"] == "stdlib" and len(g.provenance["data"]["fingerprint_sha256"]) == 64
     assert g.provenance["config"]["search"]["steps"] == 100
     assert "python retrain.py --genotype" in proc.stdout
+    assert "| site | pre | post | deepnorm | chosen |" in proc.stdout and "loss rise (nats/token)" in proc.stdout
     assert (out / "config.yaml").exists() and (out / "checkpoint.pt").exists()
     acc = event_tags(out)
     scalars = set(acc.Tags()["scalars"])
