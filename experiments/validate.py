@@ -19,7 +19,7 @@ script can be re-run after an interruption or split with ``--settings``. The rep
 ``<out>/report.md`` (one table per setting: mean ± std of valid and test metric, diverged runs),
 ``<out>/report.json`` and ``<out>/curves.png`` (valid curves, one panel per setting).
 
-    python experiments/validate.py [--data ../shared/data/wikitext-2] [--config FILE] [--set KEY=VALUE ...]
+    python experiments/validate.py [--data WIKITEXT_FOLDER] [--config FILE] [--set KEY=VALUE ...]
         [--settings shallow,deep,highlr] [--seeds 3] [--out runs/validate] [--overwrite]
 """
 
@@ -137,7 +137,7 @@ def curves(results: list[dict]):
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="validate.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="data.corpus (default: the config's; the README's table uses ../shared/data/wikitext-2)")
+    p.add_argument("--data", default=None, help="data.corpus (default: the config's; the README's tables use a WikiText-2 folder)")
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {list(SETTINGS)}")
