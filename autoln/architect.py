@@ -15,8 +15,12 @@ The alpha objective on a D_alpha batch is
   (DARTS eq. 7-8). The weights are restored bitwise from a copy afterwards, and the weight
   optimizer is never touched.
 
-With a stochastic mixing (Gumbel) one noise draw serves every pass of one step, so the
-finite difference compares like with like. Under bf16 autocast the two finite-difference passes
+With a stochastic mixing (Gumbel) one noise draw serves every pass of one step, and with dropout
+the passes on the D_w batch (the virtual step and the two finite-difference passes at ``w±``)
+replay one dropout mask (:func:`rng_state` / :func:`set_rng_state`): the three evaluate one
+function ``L_w(., alpha)``, so the finite difference compares like with like and approximates
+the exact hypergradient of DARTS eq. 7 under that mask. The replays leave the generator where
+the ``L_alpha`` pass left it, so the next weight step draws fresh masks. Under bf16 autocast the two finite-difference passes
 run in fp32 (:func:`autoln.model.full_precision`).
 
 Under ``torchrun`` every gradient is averaged over the processes as soon as it is computed
@@ -40,6 +44,20 @@ from .supernet import Supernet
 from .training import finish_step, on_cuda
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def rng_state(device: torch.device) -> tuple:
+    """The generator state that dropout masks (and Gumbel noise) are drawn from: torch's CPU
+    generator and, on CUDA, ``device``'s generator. Pass it to :func:`set_rng_state` to make
+    the next forward pass draw the same masks as the one that followed this call."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def set_rng_state(state: tuple, device: torch.device) -> None:
+    """Restore a state from :func:`rng_state`."""
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def _global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -99,23 +117,31 @@ class Architect:
                 p.copy_(b)
 
     def hessian_vector_product(self, backup: list[torch.Tensor], v: list[torch.Tensor], batch_w: Batch,
-                               gumbel: Noise = None) -> torch.Tensor:
+                               gumbel: Noise = None, rng: Optional[tuple] = None) -> torch.Tensor:
         """``[grad_alpha L_w(w+, alpha) - grad_alpha L_w(w-, alpha)] / (2 eps)`` with
         ``w± = w ± eps v``, ``eps = 0.01 / ||v||`` (DARTS eq. 8); shape of the alphas.
-        ``backup`` holds ``w``; the weights are left at ``w-`` (call :meth:`restore`)."""
+        ``backup`` holds ``w``; the weights are left at ``w-`` (call :meth:`restore`).
+        ``rng``: a :func:`rng_state` that both passes replay (the virtual step's dropout mask);
+        the generator is then left as it was found. None: the passes draw on."""
         norm = _global_norm(v)
         if norm == 0:
             return torch.zeros_like(self.model.alphas)
         eps = 0.01 / norm
         weights = self.model.weight_parameters()
+        device = self.model.alphas.device
+        resume = rng_state(device) if rng is not None else None
         grads = []
         for sign in (1.0, -1.0):
             with torch.no_grad():
                 for p, b, d in zip(weights, backup, v):
                     p.copy_(b).add_(d, alpha=float(sign * eps))
+            if rng is not None:
+                set_rng_state(rng, device)
             with full_precision(self.model):
                 (g,) = torch.autograd.grad(self._ce(batch_w, gumbel), [self.model.alphas])
             grads.append(g)
+        if resume is not None:
+            set_rng_state(resume, device)
         return (grads[0] - grads[1]) / (2 * eps)
 
     # --- the update ----------------------------------------------------------------------------
@@ -139,12 +165,13 @@ class Architect:
             (g,) = torch.autograd.grad(total, [alphas])
         else:
             weights = self.model.weight_parameters()
+            rng = rng_state(alphas.device)  # the virtual step's dropout mask, replayed at w+ and w-
             backup = self.virtual_step(batch_w, xi, gumbel)
             try:
                 total, ce = self.alpha_objective(batch_alpha, gumbel, step)
                 *v, g_direct = torch.autograd.grad(total, weights + [alphas])
                 distributed.average_(v)
-                hvp = self.hessian_vector_product(backup, v, batch_w, gumbel)
+                hvp = self.hessian_vector_product(backup, v, batch_w, gumbel, rng)
             finally:
                 self.restore(backup)
             g = g_direct - xi * hvp

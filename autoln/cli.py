@@ -30,6 +30,7 @@ from .errors import AutolnError, DivergenceError
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
+EXIT_OUT_OF_MEMORY = 4
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -91,6 +92,15 @@ def guarded(body: Callable[[], None]) -> int:
     except AutolnError as exc:
         say(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (MemoryError, RuntimeError) as exc:  # RuntimeError: torch's allocators (CPU and CUDA)
+        from .resources import is_out_of_memory
+
+        if not is_out_of_memory(exc):
+            raise
+        say(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. The run folder keeps its last "
+            "checkpoint (continue with --resume once memory is free); or lower model.context, the batch_size or the model's "
+            "size (model.d_model, model.n_layers, model.d_ff) and start again", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     except OSError as exc:  # a file the system refuses (permissions, full disk, ...)
         say(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 import re
 import types
@@ -174,6 +175,9 @@ class TrainConfig:
 
 
 ORDERS = (1, 2)
+#: The R-DARTS rule's needs (:mod:`autoln.monitor`: WINDOW + DELTA eigenvalues, LAG, START_FRACTION;
+#: repeated here because the config cannot import the model code; a test ties them together).
+R_DARTS_MIN_EVALUATIONS, R_DARTS_LAG, R_DARTS_START_FRACTION = 7, 4, 0.4
 MIXING_NAMES = ("softmax", "gumbel", "gumbel-hard", "sigmoid")
 EARLY_STOPS = ("none", "hessian")
 SELECTIONS = ("argmax", "perturbation")
@@ -237,6 +241,23 @@ class SearchConfig(TrainConfig):
         _non_negative(self, section, ("selection_tune_steps",))
         if self.early_stop == "hessian" and self.monitor_windows == 0:
             raise ConfigError("search.early_stop=hessian needs search.monitor_windows > 0")
+        if self.arch_warmup_steps >= self.steps:
+            raise ConfigError(f"search.arch_warmup_steps ({self.arch_warmup_steps}) must be below search.steps ({self.steps}): "
+                              "the alphas are frozen during the warm-up, so they would never move and the genotype would be "
+                              f"their random start (e.g. --set search.arch_warmup_steps={self.steps // 5}, 20 % of the steps)")
+        if self.zero_one_weight > 0 and self.mixing != "sigmoid":
+            raise ConfigError(f"search.zero_one_weight ({self.zero_one_weight}) needs search.mixing=sigmoid (got {self.mixing}): "
+                              "Fair DARTS' zero-one loss pushes sigmoid(alpha) to 0 or 1, and only sigmoid mixing uses those weights")
+        if self.early_stop == "hessian":
+            evals = sorted({*range(self.eval_every, self.steps + 1, self.eval_every), self.steps})
+            late = [e for e in evals if e >= R_DARTS_START_FRACTION * self.steps]
+            if len(evals) < R_DARTS_MIN_EVALUATIONS or len(late) <= R_DARTS_LAG:
+                raise ConfigError(
+                    f"search.early_stop=hessian cannot stop with search.steps={self.steps} and search.eval_every={self.eval_every}: "
+                    f"R-DARTS compares {R_DARTS_MIN_EVALUATIONS} evaluations' eigenvalues and returns the architecture "
+                    f"{R_DARTS_LAG} evaluations back, not before {R_DARTS_START_FRACTION:.0%} of the steps; this search has "
+                    f"{len(evals)} evaluations ({len(late)} from that point). Lower search.eval_every "
+                    f"(e.g. --set search.eval_every={max(1, self.steps // 20)})")
         if self.tau_start != self.tau_end and self.mixing == "sigmoid":
             raise ConfigError(f"search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal (they are "
                               f"{self.tau_start} and {self.tau_end}: e.g. --set search.tau_end={self.tau_start})")
@@ -262,6 +283,8 @@ class RetrainConfig(TrainConfig):
             _positive("retrain.final_eval_windows", self.final_eval_windows)
 
 
+#: Most corners of ``tune.space`` that :meth:`Config.validate_space` checks together.
+MAX_CORNERS = 4096
 DISTRIBUTIONS = ("log-uniform", "uniform", "int", "categorical")
 TUNABLE_SECTIONS = ("data", "model", "search", "retrain")
 #: Keys a study may not tune: they change what the score measures (data, splits, the windows it
@@ -399,18 +422,36 @@ class Config:
         alone on this config, gives a valid config (so a study does not start with a space
         whose every trial would fail).
 
+        Then every corner of the space (each combination of bounds and choices, up to
+        :data:`MAX_CORNERS`) is checked the same way, for rules that tie two tuned keys.
+
         Raises:
-            ConfigError: naming the ``tune.space`` entry, the value and the problem.
+            ConfigError: naming the ``tune.space`` entry (or entries), the value and the problem.
         """
-        for key, spec in self.tune.space.items():
-            for value in space_values(key, spec, self):
-                trial = copy.deepcopy(self)
-                trial.tune.space = {}
-                assign(trial, key, value, "tune.space")
+        values = {key: space_values(key, spec, self) for key, spec in self.tune.space.items()}
+        for key, choices in values.items():
+            for value in choices:
                 try:
-                    trial.validate_sections()
+                    self._trial({key: value}).validate_sections()
                 except ConfigError as exc:
                     raise ConfigError(f"tune.space['{key}']: the value {value!r} is invalid: {exc}") from None
+        # then the corners of the space, where two tuned keys together can break a rule
+        # (e.g. search.arch_warmup_steps at its top with search.steps at its bottom)
+        if len(values) > 1 and math.prod(len(v) for v in values.values()) <= MAX_CORNERS:
+            for combo in itertools.product(*values.values()):
+                params = dict(zip(values, combo))
+                try:
+                    self._trial(params).validate_sections()
+                except ConfigError as exc:
+                    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+                    raise ConfigError(f"tune.space: a trial could draw {shown}, which is invalid: {exc}") from None
+
+    def _trial(self, params: dict) -> "Config":
+        trial = copy.deepcopy(self)
+        trial.tune.space = {}
+        for key, value in params.items():
+            assign(trial, key, value, "tune.space")
+        return trial
 
     def validate_sections(self) -> None:
         """Validate the sections a trial changes (data, model, search, retrain)."""

@@ -13,6 +13,7 @@ logits ``(B, T, vocab_size)``; losses are mean cross-entropy in nats per token.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence
 
@@ -20,12 +21,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import distributed
 from .config import ModelConfig
 from .placements import NORMS, build_placement
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout (Srivastava et al. 2014) of ``x`` ``(B, ...)`` whose mask is drawn for
+    the *global* batch: under ``torchrun`` each of the N processes draws the keep mask of all
+    ``N * B`` rows from the shared generator and applies its own block of rows (the rows
+    :func:`autoln.distributed.shard` gave it), so an N-process run applies the masks a
+    one-process run draws for the whole batch, and the generator stays in step on every process
+    (the Gumbel noise drawn next is the same everywhere). Kept values are scaled by
+    ``1 / (1 - p)``. Identity when not ``training`` or ``p == 0``. Returns a tensor shaped like ``x``.
+    """
+    if not training or p == 0.0:
+        return x
+    n, b = distributed.world_size(), x.shape[0]
+    keep = torch.empty((n * b, *x.shape[1:]), device=x.device, dtype=x.dtype).bernoulli_(1.0 - p)
+    if n > 1:
+        r = distributed.rank()
+        keep = keep[r * b:(r + 1) * b]
+    return x * keep / (1.0 - p)
+
+
+class Dropout(nn.Module):
+    """:func:`dropout` as a module (a drop-in for ``nn.Dropout``: no parameters, no state)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of any shape ``(B, ...)``; returns the same shape."""
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention via ``torch.nn.functional.scaled_dot_product_attention``.
+
+    With attention dropout (``cfg.dropout > 0``) in training mode the attention is computed
+    explicitly, ``softmax(q k^T / sqrt(d_head) + causal) -> dropout -> @ v``, so that its mask
+    comes from :func:`dropout` (drawn for the global batch, replayable by the bilevel step)
+    rather than from inside SDPA's kernel; the result is the same function.
 
     Separate query, key, value and output projections (no bias), so that DeepNorm's init gain
     can land on the value and output projections only. Input and output ``(B, T, d_model)``.
@@ -53,10 +94,14 @@ class CausalSelfAttention(nn.Module):
         def heads(proj: nn.Linear) -> torch.Tensor:
             return proj(x).view(b, t, h, d // h).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(
-            heads(self.q_proj), heads(self.k_proj), heads(self.v_proj),
-            dropout_p=self.dropout if self.training else 0.0, is_causal=True,
-        )
+        q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
+        if self.training and self.dropout > 0:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            att = dropout(att.masked_fill(future, float("-inf")).softmax(-1), self.dropout, True)
+            y = att @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -67,7 +112,7 @@ class FFN(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def residual_path_weights(self) -> list[nn.Parameter]:
         """The matrices DeepNorm's init gain ``b`` scales: both FFN projections."""
@@ -165,7 +210,7 @@ class TransformerLM(nn.Module):
         self.cfg, self.vocab_size = cfg, vocab_size
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, a, f) for a, f in sites)
         self.norm_f = NORMS[cfg.norm](cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)

@@ -34,6 +34,7 @@ from .run_search import EvalHook, genotype_markdown
 from .supernet import site_names
 from .tb import Logger
 from .model import TransformerLM
+from .resources import check_fits
 from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
                        seed_everything, train_step, utc_now, weight_optimizer)
 
@@ -116,6 +117,7 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
         distributed.print_main(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
               file=sys.stderr)
     check_lengths(corpus, mc.context)
+    check_fits(mc, corpus.vocab_size, max(1, cfg.retrain.batch_size // distributed.world_size()), device, False, "retrain")
     return device, corpus, genotype, replace(cfg, model=mc)  # config.yaml and checkpoints record the model trained
 
 

@@ -28,7 +28,8 @@ from .errors import ConfigError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
 from .mixing import linear
-from .monitor import LAG, RATIO, CollapseMonitor
+from .monitor import DELTA, RATIO, WINDOW, CollapseMonitor
+from .resources import check_fits
 from .selection import LossFn, Selection, clear_winner, perturbation_select
 from .supernet import Supernet
 from .tb import Logger
@@ -63,6 +64,14 @@ def temperature(sc, step: int) -> float:
     return linear(sc.tau_start, sc.tau_end, step - 1, sc.steps - 1)
 
 
+def sdarts_noise(sc, step: int) -> float:
+    """SDARTS-RS's noise bound ``eps`` at 1-based search ``step``: linear from ``min(0.03,
+    sc.sdarts_eps)`` at step 1 to ``sc.sdarts_eps`` at the last step, as the reference code
+    (xiangning-chen/SmoothDARTS: ``epsilon_alpha = 0.03 + (eps_max - 0.03) * epoch / epochs``,
+    ``eps_max`` 0.3; Chen & Hsieh 2020). 0 when ``sc.sdarts_eps`` is 0."""
+    return linear(min(0.03, sc.sdarts_eps), sc.sdarts_eps, step - 1, sc.steps - 1)
+
+
 def undecided_sites(probs: np.ndarray, sites: list[str], lead: float = 0.15) -> list[str]:
     """The sites of ``probs`` ``(n_sites, K)`` without a clear winner: the top probability leads
     the runner-up by less than ``lead`` (:func:`autoln.selection.clear_winner`)."""
@@ -82,7 +91,7 @@ def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str]
 def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, step: int) -> dict:
     """Update the collapse monitor at an evaluation and log ``monitor/*`` and ``entropy/<site>``;
     returns the monitor's record. ``batch``: the fixed Hessian batch, or None."""
-    record = monitor.update(model, batch)
+    record = monitor.update(model, batch, step)
     if "eigenvalue" in record:
         log.scalar("monitor/hessian_eigenvalue", record["eigenvalue"], step)
         log.scalar("monitor/hessian_eigenvalue_smoothed", record["eigenvalue_smoothed"], step)
@@ -172,6 +181,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     main = distributed.is_main()
     corpus = load_corpus(cfg.data)
     check_lengths(corpus, mc.context)
+    check_fits(mc, corpus.vocab_size, sc.batch_size // distributed.world_size(), device, True, "search")
     seed_everything(sc.seed)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
     w_chunks, a_chunks = arch_split(len(train), mc.context, cfg.data.chunk_tokens, cfg.data.arch_fraction, sc.seed)
@@ -183,7 +193,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     model = prepare_model(supernet, device, sc)
     opt_w, sched_w = weight_optimizer(model.named_weight_parameters(), sc)
     architect = Architect(model, sc)
-    monitor = CollapseMonitor()
+    monitor = CollapseMonitor(total_steps=sc.steps)
     monitor_batch = None
     if sc.monitor_windows:
         fixed = WindowSampler(train, a_chunks, mc.context, sc.monitor_windows, seed=[sc.seed, 4]).sample()
@@ -244,7 +254,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                 alpha_step = step > sc.arch_warmup_steps
                 if alpha_step:
                     loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
-                loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
+                loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sdarts_noise(sc, step))
                 if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
                     what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
                     ckpts.diverged("search", sc.on_divergence, step, what, state, log)
@@ -269,8 +279,9 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                         state["stopped_at"] = step
                 ckpts.end_step(step, evaluation, signals, device, checkpoint)
                 if state["stopped_at"] is not None:
-                    distributed.print_main(f"early stop (R-DARTS) at step {step}: smoothed Hessian eigenvalue rose above "
-                                           f"{RATIO} x its value {LAG} evaluations earlier", file=sys.stderr)
+                    distributed.print_main(f"early stop (R-DARTS) at step {step}: the Hessian eigenvalue's {WINDOW}-evaluation average "
+                                           f"rose above {RATIO} x its value {DELTA} evaluations earlier; the genotype is the one of step "
+                                           f"{monitor.before_rise()[0]}, before the rise", file=sys.stderr)
                     break
                 if evaluation and on_eval is not None:
                     on_eval(step, state["valid_metrics"])
@@ -285,7 +296,10 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     bar.close()
     valid_metrics, record, stopped_at = state["valid_metrics"], state["record"], state["stopped_at"]
     selection = None  # a resumed run that was interrupted here redoes the selection from the last step's checkpoint
-    if sc.selection == "perturbation":
+    early = None
+    if stopped_at is not None:  # R-DARTS returns the architecture from before the rise, as it was then
+        early = {"stopped_at_step": stopped_at, "genotype_from_step": monitor.before_rise()[0]}
+    elif sc.selection == "perturbation":
         tuned, tune_state = [0], {"skipped_batches": 0}
 
         def tune() -> None:  # DARTS-PT's fine-tuning: bilevel steps, numbered on from the search's last
@@ -319,6 +333,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         # the alphas went on training during the fine-tuning: log where they ended, after it
         log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0])
 
+    probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session
     provenance = {
         "created": utc_now(), "command": " ".join(sys.argv), "seed": sc.seed, "config": cfg.to_dict(),
@@ -329,8 +344,12 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics,
                     "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
                     "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
-        "selection": {"method": sc.selection},
+        "selection": {"method": sc.selection if early is None else "argmax"},
     }
+    if early is not None:
+        provenance["metrics"]["early_stop"] = early
+        provenance["selection"]["note"] = (f"R-DARTS early stop at step {stopped_at}: the argmax of the alphas of step "
+                                           f"{early['genotype_from_step']}, before the eigenvalue rise (Zela et al. 2020)")
     if selection is not None:
         provenance["metrics"]["supernet_valid_selected"] = selected_valid
         provenance["selection"].update({
@@ -339,12 +358,11 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
             "order": [model.site_names[i] for i in selection.order], "windows": sc.selection_windows,
             "tune_steps": sc.selection_tune_steps, "unit": "nats/token", "fine_tuning_updates": tuned[0],
             "skipped_batches": tune_state["skipped_batches"]})
-    genotype = from_probabilities(model.probabilities(), mc, corpus.vocab_size, provenance,
-                                  None if selection is None else selection.choices)
+    genotype = from_probabilities(probs, mc, corpus.vocab_size, provenance, None if selection is None else selection.choices)
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
     distributed.barrier()
     chosen = None if selection is None else selection.choices
     log.text("genotype", f"final ({sc.selection}): `{genotype.describe()}`\n\n"
-             + genotype_markdown(model.probabilities(), model.site_names, model.candidates, chosen), stopped_at or sc.steps)
+             + genotype_markdown(probs, model.site_names, model.candidates, chosen), stopped_at or sc.steps)
     log.close()
     return SearchResult(genotype, path, valid_metrics, wall, model)

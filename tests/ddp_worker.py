@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-#: The run's settings on top of the config (also used by the test's one-process reference).
-OVERRIDES = ["search.steps=12", "search.eval_every=6", "search.arch_lr=0.01", "search.arch_warmup_steps=0", "retrain.steps=12", "retrain.eval_every=6",
+#: The run's settings on top of the config (also used by the test's one-process reference). With
+#: dropout: each process applies its rows of the mask one process draws for the whole batch.
+OVERRIDES = ["model.dropout=0.2", "search.steps=12", "search.eval_every=6", "search.arch_lr=0.01", "search.arch_warmup_steps=0", "retrain.steps=12", "retrain.eval_every=6",
              "retrain.final_eval_windows=16", "logging.progress=false"]
 
 

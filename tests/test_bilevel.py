@@ -9,9 +9,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from autoln.architect import Architect, weight_step
 from autoln.config import ModelConfig, SearchConfig
 from autoln.mixing import MIXINGS, beta_regulariser, draw_gumbel, linear, site_entropy, zero_one_loss
-from autoln.monitor import CollapseMonitor, alpha_hessian, max_eigenvalue
+from autoln.monitor import DELTA, LAG, RATIO, START_FRACTION, WINDOW, CollapseMonitor, alpha_hessian, max_eigenvalue
 from autoln.supernet import Supernet
 from autoln.training import weight_optimizer
+
+from .conftest import ROOT
 
 VOCAB = 11
 
@@ -57,6 +59,29 @@ def test_second_order_gradient_matches_autograd_through_the_step():
     # and the second-order term matters here: the first-order gradient is far off
     _, g1 = Architect(net, SearchConfig(order=1)).gradient(batch_w, batch_a, xi, step=1)
     assert ((g1 - exact).norm() / exact.norm()).item() > 0.2
+
+
+def test_second_order_with_dropout_matches_the_exact_hypergradient_under_fixed_masks():
+    # the virtual step and the w+/w- passes replay one dropout mask, so the finite difference
+    # approximates d/d alpha L_alpha(w - xi grad_w L_w(w, alpha)) with L_w under that mask
+    torch.manual_seed(0)
+    net = Supernet(ModelConfig(n_layers=2, d_model=8, n_heads=2, d_ff=16, context=6, dropout=0.1), VOCAB,
+                   arch_init_std=0.5).double()
+    batch_w, batch_a = _batch(seed=1), _batch(seed=2)
+    xi = 0.5
+    grads, exacts = [], []
+    for seed in (7, 8):
+        torch.manual_seed(seed)
+        grads.append(Architect(net, SearchConfig(order=2)).gradient(batch_w, batch_a, xi, step=1)[1])
+        after = torch.get_rng_state()
+        torch.manual_seed(seed)
+        exacts.append(_exact_unrolled_gradient(net, batch_w, batch_a, xi))
+        assert torch.equal(after, torch.get_rng_state())  # the replays left the generator after L_alpha's pass
+    for g2, exact in zip(grads, exacts):
+        cos = torch.nn.functional.cosine_similarity(g2.flatten(), exact.flatten(), dim=0).item()
+        assert cos >= 0.99 and ((g2 - exact).norm() / exact.norm()).item() <= 0.05, cos
+    # the masks matter: two random states give two different exact gradients
+    assert ((exacts[0] - exacts[1]).norm() / exacts[0].norm()).item() > 0.05
 
 
 def test_finite_difference_uses_parenthesised_two_eps():
@@ -129,6 +154,19 @@ def test_temperature_schedule():
     assert linear(5.0, 0.5, 50, 100) == pytest.approx(2.75)
     assert linear(5.0, 0.5, 100, 100) == 0.5
     assert linear(5.0, 0.5, 150, 100) == 0.5
+
+
+def test_search_schedules_end_on_their_final_values():
+    # tau 2 -> 0.5 over 100 steps: the last step uses tau_end exactly (it ended at 0.515)
+    from autoln.run_search import sdarts_noise, temperature
+
+    sc = SearchConfig(steps=100, tau_start=2.0, tau_end=0.5, sdarts_eps=0.3)
+    assert (temperature(sc, 1), temperature(sc, 100)) == (2.0, 0.5)
+    # SDARTS-RS (reference code): eps from 0.03 up to eps_max; a smaller eps_max stays constant
+    assert sdarts_noise(sc, 1) == pytest.approx(0.03) and sdarts_noise(sc, 100) == pytest.approx(0.3)
+    assert sdarts_noise(sc, 34) == pytest.approx(0.03 + 0.27 / 3)
+    assert sdarts_noise(SearchConfig(steps=10, sdarts_eps=0.01), 1) == sdarts_noise(SearchConfig(steps=10, sdarts_eps=0.01), 10) == 0.01
+    assert sdarts_noise(SearchConfig(steps=10), 5) == 0.0
 
 
 def test_zero_one_loss_values():
@@ -208,14 +246,67 @@ def test_hessian_eigenvalue_matches_finite_difference():
     assert abs(ref) > 1e-6
 
 
-def test_r_darts_rule():
+def _feed(m, values, every=10):
+    """Append eigenvalues as :meth:`CollapseMonitor.update` would, one evaluation per ``every`` steps."""
+    for v in values:
+        m.eigenvalues.append(v)
+        m.smoothed.append(float(np.mean(m.eigenvalues[-WINDOW:])))
+        m.steps.append(every * len(m.eigenvalues))
+
+
+def test_r_darts_rule_as_the_reference_code():
+    # automl/RobustDARTS EVLocalAvg.early_stop: local averages over 5 evaluations, compared 2 apart, factor 1.3
+    assert (RATIO, WINDOW, DELTA, LAG, START_FRACTION) == (1.3, 5, 2, 4, 0.4)
     m = CollapseMonitor()
-    m.smoothed = [1.0, 1.0, 1.0, 1.0]
-    assert not m.should_stop()
-    m.smoothed.append(1.29)
-    assert not m.should_stop()
-    m.smoothed.append(1.31)  # 1.31 / smoothed 4 evaluations before (1.0) > 1.3
+    _feed(m, [1.0] * 6 + [5.0])  # averages: ..., 1.0 (two back), 1.8 now
     assert m.should_stop()
+    m = CollapseMonitor()
+    _feed(m, [1.0] * 6)
+    assert not m.should_stop()  # 6 < WINDOW + DELTA evaluations
+    _feed(m, [2.4])
+    assert not m.should_stop()  # (4 + 2.4) / 5 = 1.28 <= 1.3 x 1.0
+    m = CollapseMonitor()
+    _feed(m, [1.0] * 6 + [2.6])
+    assert m.should_stop()  # 1.32 > 1.3
+    # the stop returns evaluation t - 4 (step 30 here); not before 40 % of the search (reference: 20 of 50 epochs)
+    m = CollapseMonitor(total_steps=100)
+    _feed(m, [1.0] * 6 + [2.6])
+    assert not m.should_stop()  # step 30 < 40
+    m.total_steps = 75
+    assert m.should_stop()  # step 30 >= 30
+
+
+def test_r_darts_early_stop_exports_the_genotype_from_before_the_rise(tmp_path, monkeypatch, cache_dir):
+    # eigenvalues forced to 1 x7 then 10: the rule fires at the 8th evaluation (step 16) and R-DARTS
+    # returns the architecture 4 evaluations earlier (step 8), here "deepnorm pre"; by the stop the
+    # alphas say "pre pre"
+    from autoln import monitor as mon
+    from autoln.config import load_config
+    from autoln.genotype import Genotype
+    from autoln.run_search import run_search, temperature
+
+    eigen = iter([1.0] * 7 + [10.0] * 5)
+    monkeypatch.setattr(mon, "alpha_hessian", lambda model, x, y: torch.zeros(1, 1))
+    monkeypatch.setattr(mon, "max_eigenvalue", lambda h: next(eigen))
+    update = CollapseMonitor.update
+
+    def forced(self, model, batch=None, step=0):
+        with torch.no_grad():  # deepnorm pre up to step 8, pre pre after
+            model.alphas.copy_(torch.tensor([[0.0, 0.0, 2.0], [2.0, 0.0, 0.0]] if step <= 8 else [[2.0, 0.0, 0.0]] * 2))
+        return update(self, model, batch, step)
+
+    monkeypatch.setattr(CollapseMonitor, "update", forced)
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"),
+                      ["search.steps=20", "search.eval_every=2", "search.eval_windows=2", "search.arch_warmup_steps=0",
+                       "search.early_stop=hessian", "search.monitor_windows=1", "search.selection=perturbation",
+                       "logging.progress=false", "logging.tensorboard=false"])
+    result = run_search(cfg, tmp_path / "run")
+    g = Genotype.load(result.path)
+    assert g.describe().startswith("deepnorm pre")
+    assert g.provenance["metrics"]["early_stop"] == {"stopped_at_step": 16, "genotype_from_step": 8}
+    assert g.provenance["selection"]["method"] == "argmax" and "before the eigenvalue rise" in g.provenance["selection"]["note"]
+    expected = torch.softmax(torch.tensor([[0.0, 0.0, 2.0], [2.0, 0.0, 0.0]], dtype=torch.float64) / temperature(cfg.search, 8), -1)
+    np.testing.assert_allclose(g.site_probabilities(), expected.numpy(), rtol=0, atol=1e-6)
 
 
 def test_monitor_records_entropy_eigenvalue_and_genotype_change():

@@ -27,7 +27,7 @@ def test_shipped_configs_load(name):
 def test_overrides_and_types(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("search:\n  arch_lr: 3e-4\n  steps: 7\nmodel:\n  candidates: [pre, post]\n")
-    cfg = load_config(f, ["search.steps=9", "model.granularity=sublayer", "search.betas=[0.8, 0.9]", "data.cache_dir=null"])
+    cfg = load_config(f, ["search.steps=9", "search.arch_warmup_steps=2", "model.granularity=sublayer", "search.betas=[0.8, 0.9]", "data.cache_dir=null"])
     assert cfg.search.steps == 9 and cfg.search.arch_lr == 3e-4
     assert cfg.model.candidates == ["pre", "post"] and cfg.model.granularity == "sublayer"
     assert cfg.search.betas == (0.8, 0.9) and cfg.data.cache_dir is None
@@ -76,3 +76,31 @@ def test_unknown_key_in_file_names_key_and_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(f)
     assert "not valid YAML at line 3" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # alphas frozen for the whole search: the genotype would be their random start
+    (["search.steps=100", "search.arch_warmup_steps=100"], r"search.arch_warmup_steps \(100\) must be below search.steps \(100\)"),
+    (["search.steps=50"], r"search.arch_warmup_steps \(100\) must be below search.steps \(50\)"),
+    # Fair DARTS' zero-one loss acts on sigmoid(alpha): only sigmoid mixing uses those weights
+    (["search.zero_one_weight=10"], r"search.zero_one_weight \(10.0\) needs search.mixing=sigmoid"),
+    # R-DARTS needs 7 evaluations, 5 of them from 40 % of the steps on: 500 steps, every 100 -> 5 evaluations
+    (["search.early_stop=hessian"], r"search.early_stop=hessian cannot stop with search.steps=500 and search.eval_every=100"),
+])
+def test_settings_that_cannot_do_what_they_say_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_settings_at_the_edge_of_those_rules_are_accepted():
+    assert load_config(None, ["search.steps=101"]).search.arch_warmup_steps == 100
+    load_config(None, ["search.zero_one_weight=10", "search.mixing=sigmoid", "search.tau_end=1.0"])
+    # 500 steps every 50: 10 evaluations, 7 from step 200 on
+    load_config(None, ["search.early_stop=hessian", "search.eval_every=50"])
+
+
+def test_r_darts_needs_in_the_config_match_the_monitor():
+    from autoln import config, monitor
+
+    assert config.R_DARTS_MIN_EVALUATIONS == monitor.WINDOW + monitor.DELTA
+    assert (config.R_DARTS_LAG, config.R_DARTS_START_FRACTION) == (monitor.LAG, monitor.START_FRACTION)

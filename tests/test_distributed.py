@@ -41,21 +41,28 @@ def test_two_processes_hold_identical_alphas_and_weights_and_write_once(tmp_path
     for run in ("search", "retrain"):
         assert len(list((tmp_path / run).glob("events.out.tfevents.*"))) == 1
 
-    # the same run in one process: same batches (each rank took half of each), same result
+    # the same runs in one process, dropout 0.2 included: same batches (each rank took half of
+    # each) and the same dropout masks (each rank applied its half of the whole batch's), same result
     from autoln.config import load_config
+    from autoln.run_retrain import run_retrain
     from autoln.run_search import run_search
 
     os.environ["XDG_CACHE_HOME"] = cache_dir
-    single = run_search(load_config(TINY, OVERRIDES), tmp_path / "single")
+    cfg = load_config(TINY, OVERRIDES)
+    assert cfg.model.dropout == 0.2
+    single = run_search(cfg, tmp_path / "single")
     alphas = r0["supernet"]["alphas"]
     assert not torch.allclose(alphas, torch.zeros_like(alphas), atol=1e-2)  # the alphas moved
     torch.testing.assert_close(alphas, single.model.alphas.detach(), rtol=0, atol=1e-5)
     for key, value in single.model.state_dict().items():
         torch.testing.assert_close(r0["supernet"][key], value, rtol=1e-4, atol=1e-5)
+    derived = run_retrain(cfg, str(tmp_path / "search" / "genotype.json"), tmp_path / "single_retrain").model
+    for key, value in derived.state_dict().items():
+        torch.testing.assert_close(r0["derived"][key], value, rtol=1e-4, atol=1e-5)
 
 
 def test_torchrun_search_command_prints_once(tmp_path, cache_dir):
-    proc = torchrun(str(ROOT / "search.py"), "--config", TINY, "--set", "search.steps=4", "--set", "search.eval_every=4",
+    proc = torchrun(str(ROOT / "search.py"), "--config", TINY, "--set", "search.steps=4", "--set", "search.eval_every=4", "--set", "search.arch_warmup_steps=0",
                     "--set", "logging.progress=false", "--out", str(tmp_path / "run"), cache=cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("genotype:") == 1 and "2 processes" in proc.stderr

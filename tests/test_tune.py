@@ -28,7 +28,7 @@ from .conftest import ROOT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 #: A trial of a second or two: 20 search steps, scored by the supernet, no pruning.
-FAST = ("--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "search.eval_windows=4",
+FAST = ("--set", "search.steps=20", "--set", "search.arch_warmup_steps=4", "--set", "search.eval_every=10", "--set", "search.eval_windows=4",
         "--set", "search.monitor_windows=0", "--set", "tune.score=supernet", "--set", "tune.pruner=none",
         "--set", "logging.tensorboard=false")
 #: A trial of several seconds, long enough to be killed in the middle.
@@ -122,6 +122,12 @@ def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
     ("{data.tokenizer: {categorical: [bytes, chars]}}", "data.tokenizer cannot be tuned"),
     ("{retrain.steps: {int: [10, 20]}}", "retrain.steps cannot be tuned"),
     ("{search.lr: {uniform: [0.001, 0.01], step: 2}}", "step must be a positive number that divides high - low"),
+    # a bound at which the alphas never move (warm-up >= the 500 search steps)
+    ("{search.arch_warmup_steps: {int: [0, 500], step: 100}}",
+     "tune.space['search.arch_warmup_steps']: the value 500 is invalid: search.arch_warmup_steps (500) must be below search.steps (500)"),
+    # each bound is fine alone; together the short search and the long warm-up are not
+    ("{search.steps: {int: [150, 500], step: 50}, search.arch_warmup_steps: {int: [0, 200], step: 50}}",
+     "tune.space: a trial could draw search.steps=150, search.arch_warmup_steps=200, which is invalid: search.arch_warmup_steps (200) must be below search.steps (150)"),
 ])
 def test_space_errors_name_the_key(space, message):
     with pytest.raises(ConfigError) as err:
@@ -247,15 +253,15 @@ def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_pa
 
 
 def test_a_trial_that_raises_is_recorded_and_the_study_goes_on(tmp_path, cache):
-    """Each bound is valid alone, the combination is not: every trial fails with its reason."""
+    """A valid config that the data cannot serve (windows longer than the valid split): every
+    trial fails with its reason. (A space whose values break a config rule is refused up front.)"""
     out = tmp_path / "errors"
-    proc = tune(out, *FAST, "--set", "tune.n_trials=2", "--set", "search.tau_end=1.0",
-                "--set", "tune.space={search.mixing: {categorical: [sigmoid]}, search.tau_start: {uniform: [1.5, 2.0]}}",
+    proc = tune(out, *FAST, "--set", "tune.n_trials=2", "--set", "tune.space={model.context: {categorical: [4000000]}}",
                 cache=cache)
     table = rows(out)
     assert [r["outcome"] for r in table] == ["error", "error"] and all(r["state"] == "FAIL" for r in table)
-    assert all("sigmoid mixing has no temperature" in r["reason"] for r in table)
-    assert "ConfigError" in (out / "trials" / "0000" / "error.txt").read_text()
+    assert all("split has" in r["reason"] and "needs at least" in r["reason"] for r in table)
+    assert "DataError" in (out / "trials" / "0000" / "error.txt").read_text()
     assert "2/2 finished" in proc.stdout and "no trial completed" in proc.stdout and not (out / "best_genotype.json").exists()
 
 

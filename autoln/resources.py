@@ -1,0 +1,115 @@
+"""Memory: a lower-bound estimate checked before a run builds its model, and allocation failures
+during a run turned into one line.
+
+The estimate counts what a training step cannot do without, in fp32 (4 bytes):
+
+- the parameters, their gradients and AdamW's two moments: ``16 * P`` bytes, ``P`` from the
+  model's dimensions (:func:`parameter_count`);
+- the activations kept for the backward pass, per token of the ``B x T`` batch: per branch
+  call ``6 d + 2 d_ff`` values (the branch input and its norm, q, k, v, the attention output,
+  the FFN's two hidden tensors), plus the ``n_heads * T`` attention probabilities with
+  attention dropout (:class:`autoln.model.CausalSelfAttention` then computes them explicitly), and
+  ``3 V`` for the logits, their softmax and its gradient. The supernet calls each branch
+  twice per site (raw and normed input, :class:`autoln.model.Site`), the derived model once.
+
+The real footprint is larger (allocator slack, temporaries, the evaluation batch), so a run this
+check refuses could not have run; one it admits may still fail, and then
+:func:`is_out_of_memory` lets the command line report it as one line (exit status 4) while the
+run folder keeps its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .config import ModelConfig
+from .errors import ConfigError
+
+GIB = 2**30
+
+
+def parameter_count(mc: ModelConfig, vocab_size: int) -> int:
+    """Parameters of a model with ``mc``'s dimensions (tied LM head, output bias, the norms'
+    gains and biases counted as two per site plus the final norm): an integer, exact up to the
+    placements' norm parameters (a few ``d_model`` per block)."""
+    d, ff, L = mc.d_model, mc.d_ff, mc.n_layers
+    block = 4 * d * d + 2 * d * ff + 2 * 2 * d
+    return vocab_size * d + mc.context * d + L * block + 2 * d + vocab_size
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A training step's memory lower bound, in bytes: ``state`` (weights, gradients, AdamW
+    moments) and ``activations`` (kept for backward); ``total`` their sum."""
+
+    parameters: int
+    state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations
+
+
+def estimate(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool) -> Estimate:
+    """The lower bound of the module docstring for a step on ``batch_rows`` windows of
+    ``mc.context`` tokens (this process' rows under ``torchrun``)."""
+    p = parameter_count(mc, vocab_size)
+    calls = 2 if supernet else 1
+    attention = mc.n_heads * mc.context if mc.dropout > 0 else 0  # SDPA's fused kernels keep no T x T matrix
+    per_token = mc.n_layers * calls * (6 * mc.d_model + 2 * mc.d_ff + attention) + 3 * vocab_size
+    return Estimate(parameters=p, state=16 * p, activations=4 * batch_rows * mc.context * per_token)
+
+
+def free_memory(device: torch.device) -> Optional[int]:
+    """Bytes free for this process on ``device``: CUDA's ``mem_get_info``; on CPU the kernel's
+    ``MemAvailable`` (Linux ``/proc/meminfo``), else physical pages available (``sysconf``);
+    None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(mc: ModelConfig, vocab_size: int, batch_rows: int, device: torch.device, supernet: bool,
+               section: str, free: Optional[int] = None) -> Estimate:
+    """Refuse a run whose lower-bound estimate exceeds the memory free on ``device``
+    (``free`` bytes if given, else :func:`free_memory`). Returns the estimate.
+
+    Raises:
+        ConfigError: naming the model keys, ``<section>.batch_size`` and both figures in GiB.
+    """
+    est = estimate(mc, vocab_size, batch_rows, supernet)
+    free = free_memory(device) if free is None else free
+    if free is not None and est.total > free:
+        what = "supernet" if supernet else "model"
+        raise ConfigError(
+            f"the {what} needs at least {est.total / GIB:,.1f} GiB on {device.type} ({est.parameters:,} parameters with their "
+            f"gradients and AdamW moments: {est.state / GIB:,.1f} GiB; activations of {batch_rows} x {mc.context} tokens: "
+            f"{est.activations / GIB:,.1f} GiB) but {free / GIB:,.1f} GiB are free; lower model.d_model ({mc.d_model}), "
+            f"model.n_layers ({mc.n_layers}), model.d_ff ({mc.d_ff}), model.context ({mc.context}) or {section}.batch_size")
+    return est
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an allocation failure: Python's ``MemoryError``, ``torch.OutOfMemoryError``
+    (CUDA), or the ``RuntimeError`` of torch's CPU allocator (``DefaultCPUAllocator: can't
+    allocate memory``)."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "DefaultCPUAllocator" in text
+                                              or "out of memory" in text.lower())

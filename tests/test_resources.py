@@ -1,0 +1,94 @@
+"""Resource limits: the memory estimate before a run, and allocation failures as one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autoln import cli, run_retrain as rr
+from autoln.config import ModelConfig
+from autoln.errors import ConfigError
+from autoln.genotype import baseline
+from autoln.model import build_derived
+from autoln.resources import GIB, check_fits, estimate, is_out_of_memory, parameter_count
+from autoln.supernet import Supernet
+
+from .conftest import ROOT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+@pytest.mark.parametrize("mc", [ModelConfig(), ModelConfig(n_layers=3, d_model=16, n_heads=2, d_ff=32, context=8),
+                                ModelConfig(output_bias="none", candidates=["pre", "post"])])
+def test_parameter_count_is_the_models(mc):
+    derived = build_derived(mc, 256, [("pre", "post")] * mc.n_layers)
+    assert parameter_count(mc, 256) == sum(p.numel() for p in derived.parameters()) + (256 if mc.output_bias == "none" else 0)
+    supernet = Supernet(mc, 256)  # the supernet holds every candidate's norms: a few d_model more per block
+    extra = sum(p.numel() for n, p in supernet.named_weight_parameters()) - parameter_count(mc, 256)
+    assert 0 <= extra + (256 if mc.output_bias == "none" else 0) <= 8 * mc.d_model * mc.n_layers
+
+
+def test_estimate_and_refusal_name_the_keys_and_gib():
+    mc = ModelConfig(d_model=262144, n_heads=1)
+    est = estimate(mc, 256, 16, supernet=False)
+    p = parameter_count(mc, 256)
+    assert est.state == 16 * p and est.total == est.state + est.activations
+    # activations: 16 x 128 tokens x (6 blocks x (6 d + 2 d_ff) + 3 V) x 4 bytes
+    assert est.activations == 4 * 16 * 128 * (6 * (6 * 262144 + 2 * 384) + 3 * 256)
+    with pytest.raises(ConfigError) as err:
+        check_fits(mc, 256, 16, torch.device("cpu"), False, "retrain", free=64 * GIB)
+    msg = str(err.value)
+    assert f"{est.total / GIB:,.1f} GiB" in msg and "64.0 GiB are free" in msg
+    assert "model.d_model (262144)" in msg and "retrain.batch_size" in msg
+    assert check_fits(ModelConfig(), 256, 16, torch.device("cpu"), True, "search", free=64 * GIB).total < GIB
+
+
+def test_allocation_failures_are_recognised():
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes"))
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_a_genotype_too_large_for_the_machine_is_refused_before_building(tmp_path):
+    g = baseline("all-pre", ModelConfig(n_layers=2, d_model=262144, n_heads=1, d_ff=128, context=32), 256)
+    path = tmp_path / "huge.json"
+    g.save(path)
+    proc = subprocess.run([sys.executable, str(ROOT / "retrain.py"), "--config", TINY, "--genotype", str(path),
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "GiB" in proc.stderr and "model.d_model (262144)" in proc.stderr and not (tmp_path / "r").exists()
+
+
+def test_out_of_memory_during_a_run_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys, cache_dir):
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    step = rr.train_step
+    calls = [0]
+
+    def failing(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes. Error code 12")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(rr, "train_step", failing)
+    out = tmp_path / "r"
+    code = cli.retrain_main(["--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=10", "--set", "checkpoint.every=4",
+                             "--set", "retrain.eval_every=10", "--set", "logging.progress=false", "--set", "logging.tensorboard=false",
+                             "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_OUT_OF_MEMORY == 4
+    assert "error: out of memory: DefaultCPUAllocator: can't allocate memory" in err and "Traceback" not in err
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4 and not (out / "metrics.json").exists()
+
+
+def test_a_search_too_large_for_the_machine_is_refused(tmp_path, capsys, cache_dir, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    code = cli.search_main(["--config", TINY, "--set", "model.d_model=262144", "--set", "model.n_heads=1", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and "the supernet needs at least" in err and "search.batch_size" in err and not (tmp_path / "s").exists()
