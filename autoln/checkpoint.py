@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from .config import Config
+from .config import Config, with_defaults
 from .errors import ConfigError, OutputError
 from .io import save_torch_atomic
 from .errors import DivergenceError
@@ -105,7 +105,7 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
         raise OutputError(f"--resume: {path} is a {found!r} checkpoint, not a {kind!r} one")
     if check is not None:
         check(ckpt)
-    diffs = config_differences(ckpt["config"], cfg.to_dict())
+    diffs = config_differences(with_defaults(ckpt["config"]), cfg.to_dict())
     if diffs:
         raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
                           + f". Resume with the run's own config ({out / 'config.yaml'}) or start a new run")

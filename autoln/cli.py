@@ -270,7 +270,7 @@ def _tune(cfg, args) -> None:
         print("next: " + _command("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
-DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln,pre-post"  # autoln.genotype.BASELINES (a test keeps them equal)
+DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln,pre-post,all-peri,all-outnorm,all-lns,all-none"  # autoln.genotype.BASELINES (a test keeps them equal)
 
 
 def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -303,11 +303,11 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
             _refuse_torchrun("--compare")
             return _compare(cfg, args)
         from . import distributed
-        from .genotype import BASELINES
+        from .genotype import is_baseline
         from .run_retrain import run_retrain
 
         spec = args.genotype[0]
-        tag = spec if spec in BASELINES else ""
+        tag = spec if is_baseline(spec) else ""
         out = _shared_out(args.out or default_out_dir("retrain", tag), cfg.retrain.device)
         result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():

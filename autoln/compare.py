@@ -25,9 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config
+from .config import Config, with_defaults
 from .errors import ConfigError, GenotypeError
-from .genotype import BASELINES, Genotype
+from .genotype import BASELINES, Genotype, is_baseline
 from .io import save_figure_atomic, write_json_atomic, write_text_atomic
 from .training import check_out_dir
 
@@ -63,10 +63,10 @@ def labels_for(specs: list[str]) -> list[str]:
     """Unique folder-safe labels: a baseline's name, or a genotype file's parent folder name
     (``genotype.json``) or stem, suffixed ``-2``, ``-3``... on collisions. Baselines claim their
     names first, so ``all-pre`` is always the published placement."""
-    taken = {spec for spec in specs if spec in BASELINES}
+    taken = {spec for spec in specs if is_baseline(spec)}
     out: list[str] = []
     for spec in specs:
-        if spec in BASELINES:
+        if is_baseline(spec):
             out.append(spec)
             continue
         path = Path(spec)
@@ -115,11 +115,12 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
 
     if seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
-    baselines = [*baselines, *(g for g in genotypes if g in BASELINES and g not in baselines)]
-    genotypes = [g for g in genotypes if g not in BASELINES]
-    unknown = [b for b in baselines if b not in BASELINES]
+    baselines = [*baselines, *(g for g in genotypes if is_baseline(g) and g not in baselines)]
+    genotypes = [g for g in genotypes if not is_baseline(g)]
+    unknown = [b for b in baselines if not is_baseline(b)]
     if unknown:
-        raise ConfigError(f"--baselines: unknown {unknown}; expected a comma-separated subset of {list(BASELINES)}")
+        raise ConfigError(f"--baselines: unknown {unknown}; expected a comma-separated subset of {list(BASELINES)} "
+                          "or all-<candidate> (e.g. all-pre:fixed)")
     specs = [*genotypes, *baselines]
     if not specs:
         raise ConfigError("--compare needs at least one --genotype or baseline")
@@ -136,7 +137,14 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     previous = out / RECORD
     if previous.exists() and not overwrite:
         old = json.loads(previous.read_text())
-        diff = differences(old, record)
+        old_config = {k: v for k, v in with_defaults(old.get("config", {})).items() if k in record["config"]}
+        old_config["retrain"] = {k: v for k, v in old_config["retrain"].items() if k not in ("device", "seed")}
+        diff = differences(old_config, record["config"])
+        # genotypes may be added or left out (their runs are folders of their own), but a
+        # label kept must still stand for the same genotype
+        old_labels = dict(zip(labels_for(old.get("specs", [])), old.get("specs", [])))
+        diff += [f"{label} ({old_labels[label]!r} -> {spec!r})" for label, spec in zip(labels_for(specs), specs)
+                 if label in old_labels and old_labels[label] != spec]
         if diff:
             raise ConfigError(f"--out {out} holds a comparison made with other settings ({'; '.join(diff)}); "
                               "choose another --out or pass --overwrite to redo every run")

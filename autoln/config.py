@@ -28,12 +28,14 @@ from typing import Any, Optional
 import yaml
 
 from .errors import ConfigError
-from .placements import NORMS, PLACEMENTS
+from .placements import FIXED, NORMS, PLACEMENTS, parse_name, placement_names
 
 TOKENIZERS = ("bytes", "chars", "words")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 DIVERGENCE_POLICIES = ("stop", "skip_batch")
+#: ``model.affine``: the norms' elementwise gain and bias learnable, fixed at 1 and 0, or searched per site.
+AFFINES = ("learnable", "fixed", "search")
 GRANULARITIES = ("layer", "sublayer")
 OUTPUT_BIASES = ("unigram", "none")
 
@@ -75,8 +77,14 @@ class ModelConfig:
 
     ``n_layers`` blocks of width ``d_model`` with ``n_heads`` heads and FFN width ``d_ff``;
     ``context`` tokens per window; ``norm`` is the norm type used by every placement and the
-    final norm; ``candidates`` the placements searched; ``granularity`` one alpha vector per
-    block (``layer``) or per sublayer (``sublayer``).
+    final norm (``layernorm``, ``rmsnorm`` or ``dyt``, :data:`autoln.placements.NORMS`);
+    ``candidates`` the placements searched (names of :data:`autoln.placements.PLACEMENTS`,
+    optionally ``<name>:fixed``); ``granularity`` one alpha vector per block (``layer``) or
+    per sublayer (``sublayer``).
+
+    ``affine``: the norms' elementwise gain and bias are ``learnable``, ``fixed`` at 1 and 0
+    (the final norm's too), or searched per site (``search``: every candidate with a norm in
+    both forms, :meth:`searched_candidates`).
 
     ``output_bias``: the LM head's bias. ``unigram`` (default): a learnable bias that starts at
     the training split's add-one-smoothed log unigram frequencies, so every placement starts
@@ -96,6 +104,7 @@ class ModelConfig:
     candidates: list[str] = field(default_factory=lambda: ["pre", "post", "deepnorm"])
     granularity: str = "layer"
     output_bias: str = "unigram"
+    affine: str = "learnable"
 
     def validate(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "d_ff", "context"):
@@ -112,9 +121,24 @@ class ModelConfig:
         if not self.candidates:
             raise ConfigError("model.candidates must name at least one placement")
         for name in self.candidates:
-            _one_of("model.candidates", name, tuple(PLACEMENTS))
+            _one_of("model.candidates", name, tuple(placement_names()))
         if len(set(self.candidates)) != len(self.candidates):
             raise ConfigError(f"model.candidates has duplicates: {self.candidates}")
+        _one_of("model.affine", self.affine, AFFINES)
+
+    def searched_candidates(self) -> list[str]:
+        """The candidate names the supernet holds at every site, in order: ``candidates`` as
+        listed (``affine: learnable``), each with fixed gains (``fixed``: ``pre`` ->
+        ``pre:fixed``), or both forms side by side (``search``: ``pre, pre:fixed, post, ...``).
+        Placements without norms (``none``) have one form. Idempotent on its own output."""
+        out: list[str] = []
+        for name in self.candidates:
+            base, _ = parse_name(name)
+            forms = {"learnable": [name], "fixed": [base + FIXED], "search": [base, base + FIXED]}[self.affine]
+            for form in forms if PLACEMENTS[base].has_norm else [base]:
+                if form not in out:
+                    out.append(form)
+        return out
 
 
 @dataclass
@@ -481,6 +505,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def with_defaults(recorded: dict) -> dict:
+    """A config dict recorded by an earlier run (checkpoint, genotype provenance, comparison
+    record), with every key added since then at its built-in default, so that comparing it
+    with today's config reports real differences only. Sections and keys it holds are kept."""
+    out = Config().to_dict()
+    for section, values in recorded.items():
+        if isinstance(values, dict) and isinstance(out.get(section), dict):
+            out[section] = {**out[section], **values}
+        else:
+            out[section] = values
+    return out
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

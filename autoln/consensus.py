@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from .config import Config
+from .config import Config, with_defaults
 from .errors import ConfigError
 from .genotype import Genotype, nest_sites, site_rows
 from .io import write_text_atomic
@@ -137,7 +137,7 @@ def check_same_search(folder: Path, cfg: Config) -> None:
         return out
 
     recorded = Genotype.load(folder / GENOTYPE_FILE).provenance.get("config") or {}
-    diff = differences(relevant(recorded), relevant(cfg.to_dict()))
+    diff = differences(relevant(with_defaults(recorded)), relevant(cfg.to_dict()))
     if diff:
         raise ConfigError(f"{folder} holds a search made with other settings ({'; '.join(diff)}); "
                           "choose another --out or pass --overwrite to redo every seed")

@@ -155,11 +155,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def body() -> None:
         from .config import load_config
-        from .genotype import BASELINES
+        from .genotype import is_baseline
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
-        tag = args.genotype if args.genotype in BASELINES else ""
+        tag = args.genotype if is_baseline(args.genotype) else ""
         run_diagnose(cfg, args.genotype, args.out or default_out_dir("diagnose", tag), args.steps, args.overwrite)
 
     return guarded(body)

@@ -24,16 +24,27 @@ from typing import Any, Union
 
 import numpy as np
 
-from .config import GRANULARITIES, ModelConfig
+from .config import AFFINES, GRANULARITIES, ModelConfig
 from .errors import GenotypeError
 from .io import write_json_atomic
-from .placements import NORMS, PLACEMENTS
+from .placements import NORMS, PLACEMENTS, parse_name, placement_names
 
 FORMAT = "autoln.genotype"
 VERSION = 1
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "context", "vocab_size", "norm")
 FIELDS = ("format", "version", "candidates", "granularity", "placements", "probabilities", "model", "provenance")
-BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "pre-post")
+#: Named baselines offered by default (``--compare``, validation): one ``all-<name>`` per
+#: placement, Mix-LN and the layered ``pre-post``. Any ``all-<candidate name>`` is a baseline
+#: too, e.g. ``all-pre:fixed`` (:func:`is_baseline`).
+BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "pre-post", "all-peri", "all-outnorm", "all-lns", "all-none")
+#: Optional keys of a genotype's ``model`` (absent in older files): ``affine`` (default learnable).
+OPTIONAL_MODEL_KEYS = ("affine",)
+
+
+def is_baseline(name: str) -> bool:
+    """True for a named baseline: one of :data:`BASELINES` or ``all-<candidate name>``
+    (``all-pre:fixed``)."""
+    return name in BASELINES or (name.startswith("all-") and name[4:] in placement_names())
 SUM_TOL = 1e-4
 
 Entry = Union[str, dict]
@@ -65,7 +76,8 @@ class Genotype:
         ``base``. Raises ConfigError if the dimensions are inconsistent."""
         from dataclasses import replace
 
-        dims = {k: self.model[k] for k in MODEL_KEYS if k != "vocab_size"}
+        dims = {k: self.model[k] for k in MODEL_KEYS + OPTIONAL_MODEL_KEYS if k != "vocab_size" and k in self.model}
+        dims.setdefault("affine", "learnable")
         cfg = replace(base or ModelConfig(), **dims, candidates=list(self.candidates), granularity=self.granularity)
         cfg.validate()
         return cfg
@@ -138,8 +150,8 @@ class Genotype:
         if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
             raise fail("candidates", "expected a non-empty list of placement names")
         for c in cands:
-            if c not in PLACEMENTS:
-                raise fail("candidates", f"unknown candidate {c!r}; known: {sorted(PLACEMENTS)}")
+            if c not in placement_names():
+                raise fail("candidates", f"unknown candidate {c!r}; known: {placement_names()}")
         if len(set(cands)) != len(cands):
             raise fail("candidates", f"duplicate names in {cands}")
         gran = obj["granularity"]
@@ -152,8 +164,10 @@ class Genotype:
             if key not in model:
                 raise fail(f"model.{key}", "missing")
         for key in model:
-            if key not in MODEL_KEYS:
-                raise fail(f"model.{key}", f"unknown field; expected {list(MODEL_KEYS)}")
+            if key not in MODEL_KEYS + OPTIONAL_MODEL_KEYS:
+                raise fail(f"model.{key}", f"unknown field; expected {list(MODEL_KEYS + OPTIONAL_MODEL_KEYS)}")
+        if model.get("affine", "learnable") not in AFFINES:
+            raise fail("model.affine", f"expected one of {list(AFFINES)}, got {model['affine']!r}")
         for key in MODEL_KEYS[:-1]:
             if type(model[key]) is not int or model[key] <= 0:
                 raise fail(f"model.{key}", f"expected a positive integer, got {model[key]!r}")
@@ -194,7 +208,7 @@ class Genotype:
 def model_dims(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """The genotype's ``model`` field for a model config and vocabulary size."""
     return {"n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads, "d_ff": cfg.d_ff,
-            "context": cfg.context, "vocab_size": vocab_size, "norm": cfg.norm}
+            "context": cfg.context, "vocab_size": vocab_size, "norm": cfg.norm, "affine": cfg.affine}
 
 
 def nest_sites(rows: list, granularity: str) -> list:
@@ -227,7 +241,7 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
     Raises:
         ValueError: ``choices`` of the wrong length or out of range.
     """
-    cands = list(cfg.candidates)
+    cands = cfg.searched_candidates()
     rows = [[float(v) for v in row / row.sum()] for row in np.asarray(probs, dtype=np.float64)]
     if choices is None:
         choices = [int(np.argmax(r)) for r in rows]
@@ -239,15 +253,16 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
 
 
 def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
-    """A named published genotype at ``cfg``'s size: ``all-pre``, ``all-post``, ``all-deepnorm``,
-    ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024)
-    or ``pre-post`` (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``).
+    """A named published genotype at ``cfg``'s size: ``all-<candidate>`` (every site that
+    candidate, e.g. ``all-pre``, ``all-peri``, ``all-pre:fixed``), ``mix-ln`` (first
+    ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) or ``pre-post``
+    (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``).
 
     Raises:
         GenotypeError: unknown name.
     """
     n = cfg.n_layers
-    if name.startswith("all-") and name in BASELINES:
+    if name.startswith("all-") and is_baseline(name):
         names = [name[4:]] * n
     elif name == "mix-ln":
         n_post = math.floor(0.25 * n + 0.5)
@@ -257,6 +272,6 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
         names = ["pre"] * n_pre + ["post"] * (n - n_pre)
     else:
         raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
-    cands = sorted(set(names), key=list(PLACEMENTS).index)
+    cands = sorted(set(names), key=placement_names().index)
     probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
     return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})

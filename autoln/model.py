@@ -127,20 +127,42 @@ class Site(nn.Module):
     """One sublayer site: a branch wrapped by one or several candidate placements (DESIGN §3).
 
     With one candidate it is the derived model's sublayer. With several it is the supernet's
-    mixed sublayer ``sum_k w_k * y_k(x)``: candidates that feed the branch the raw stream ``x``
-    (Post-LN, DeepNorm) share one call of it, so a site with pre/post/deepnorm costs two branch
-    evaluations (``F(x)`` and ``F(LN(x))``), not three; the weighted sum is accumulated by
-    :meth:`autoln.placements.Placement.mix_into`. (Two calls, not one call on the two inputs
-    stacked along the batch: equally fast on CPU, without the copy into the stacked batch.)
+    mixed sublayer ``sum_k w_k * y_k(x)``, evaluating the branch once per *distinct branch
+    input* (the cost floor), not once per candidate:
+
+    - candidates fed the raw stream ``x`` (``post``, ``deepnorm``, ``outnorm``, ``none``) share
+      one call ``F(x)``;
+    - candidates fed ``LN_in(x)`` (``pre``, ``peri``) share one input norm module per gain
+      form (learnable, or fixed), and so one call ``F(LN_in(x))`` per form. Sharing the input
+      norm is the same weight sharing as sharing the branch: a one-hot supernet still equals
+      the derived model exactly, whose ``pre`` or ``peri`` carries that norm;
+    - ``lns`` feeds ``LN(x) / sqrt(l)``, a call of its own.
+
+    So ``pre, post, deepnorm`` cost two calls, and all seven placements three. The weighted sum
+    is accumulated by :meth:`autoln.placements.Placement.mix_into`. (Separate calls, not one
+    call on the inputs stacked along the batch: equally fast on CPU, without the copy.)
 
     Args:
-        candidates: placement names, in the order of the mixing weights.
+        candidates: placement names (``pre``, ``pre:fixed``, ...), in the order of the mixing weights.
         d_model, n_layers, norm: passed to each placement.
+        layer: 1-based index of the block (LayerNorm Scaling's ``l``).
     """
 
-    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str) -> None:
+    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str, layer: int = 1) -> None:
         super().__init__()
-        self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm) for n in candidates})
+        self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer) for n in candidates})
+        shared: dict[bool, nn.Module] = {}
+        for p in self.placements.values():
+            if p.input == "norm":  # pre and peri of one gain form share LN_in (see above)
+                p.norm = shared.setdefault(p.affine, p.norm)
+
+    def input_groups(self) -> list[list[int]]:
+        """Candidate indices grouped by branch input, one group per call of the branch."""
+        groups: dict[object, list[int]] = {}
+        for k, p in enumerate(self.placements.values()):
+            key = "raw" if p.input == "raw" else id(p.norm) if p.input == "norm" else id(p)
+            groups.setdefault(key, []).append(k)
+        return list(groups.values())
 
     def forward(self, x: torch.Tensor, branch: nn.Module, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Args: ``x`` ``(B, T, d_model)``; ``branch`` the shared sublayer; ``weights`` ``(K,)``
@@ -151,14 +173,16 @@ class Site(nn.Module):
             return placements[0](x, branch)
         if weights is None:
             raise ValueError("a site with several candidates needs mixing weights")
-        fx_raw = branch(x) if any(p.raw_input for p in placements) else None
-        out = None
+        fx = [None] * len(placements)
+        for group in self.input_groups():
+            out = branch(placements[group[0]].branch_input(x))
+            for k in group:
+                fx[k] = out
+        acc = None
         # norm-ending candidates first: they start the sum, the others join it with addcmul
         for k in sorted(range(len(placements)), key=lambda k: not placements[k].ends_in_norm):
-            p = placements[k]
-            fx = fx_raw if p.raw_input else branch(p.branch_input(x))
-            out = p.mix_into(out, x, fx, weights[k])
-        return out
+            acc = placements[k].mix_into(acc, x, fx[k], weights[k])
+        return acc
 
 
 class Block(nn.Module):
@@ -169,12 +193,12 @@ class Block(nn.Module):
         attn_candidates, ffn_candidates: placement names of the two sites.
     """
 
-    def __init__(self, cfg: ModelConfig, attn_candidates: Sequence[str], ffn_candidates: Sequence[str]) -> None:
+    def __init__(self, cfg: ModelConfig, attn_candidates: Sequence[str], ffn_candidates: Sequence[str], layer: int = 1) -> None:
         super().__init__()
         self.attn = CausalSelfAttention(cfg)
         self.ffn = FFN(cfg)
-        self.attn_site = Site(attn_candidates, cfg.d_model, cfg.n_layers, cfg.norm)
-        self.ffn_site = Site(ffn_candidates, cfg.d_model, cfg.n_layers, cfg.norm)
+        self.attn_site = Site(attn_candidates, cfg.d_model, cfg.n_layers, cfg.norm, layer)
+        self.ffn_site = Site(ffn_candidates, cfg.d_model, cfg.n_layers, cfg.norm, layer)
 
     def forward(self, x: torch.Tensor, mix: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``mix``: ``(2, K)`` mixing weights of the attention and FFN sites, or None (derived)."""
@@ -211,8 +235,8 @@ class TransformerLM(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, a, f) for a, f in sites)
-        self.norm_f = NORMS[cfg.norm](cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, a, f, i + 1) for i, (a, f) in enumerate(sites))
+        self.norm_f = NORMS[cfg.norm](cfg.d_model, cfg.affine != "fixed")
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
         if cfg.output_bias == "unigram":  # added after construction: draws no random numbers, so the

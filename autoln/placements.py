@@ -26,18 +26,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Norm types by config name (``model.norm``). Each is built as ``NORMS[name](d_model)``.
-NORMS: dict[str, Callable[[int], nn.Module]] = {
-    "layernorm": lambda d: nn.LayerNorm(d),
-    "rmsnorm": lambda d: nn.RMSNorm(d),
+class DyT(nn.Module):
+    """Dynamic Tanh, ``g * tanh(c * x) + b`` elementwise over the last dimension, a drop-in for a
+    norm (Zhu, Chen, He, LeCun, Liu 2025, "Transformers without Normalization", Alg. 1): ``c``
+    a learnable scalar initialised to ``init_c`` (the paper's 0.5 for non-LLM models), ``g``
+    and ``b`` elementwise (ones and zeros), or absent with ``affine=False``. ``(..., d)`` in and out."""
+
+    def __init__(self, d: int, affine: bool = True, init_c: float = 0.5) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(init_c)))
+        self.weight = nn.Parameter(torch.ones(d)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(d)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.alpha * x)
+        return y if self.weight is None else torch.addcmul(self.bias, y, self.weight)
+
+
+#: Norm types by config name (``model.norm``): ``NORMS[name](d_model, affine=True)``. With
+#: ``affine=False`` the elementwise gain and bias are fixed at 1 and 0 (absent).
+NORMS: dict[str, Callable[..., nn.Module]] = {
+    "layernorm": lambda d, affine=True: nn.LayerNorm(d, elementwise_affine=affine),
+    "rmsnorm": lambda d, affine=True: nn.RMSNorm(d, elementwise_affine=affine),
+    "dyt": lambda d, affine=True: DyT(d, affine),
 }
 
 
 def scaled_norm(norm: nn.Module, z: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``scale * norm(z)`` computed as one norm whose elementwise gain and bias are multiplied
     by ``scale`` (a scalar tensor): equal up to rounding, one full-size ``(B, T, d_model)``
-    operation fewer. ``norm``: an :class:`torch.nn.LayerNorm` or :class:`torch.nn.RMSNorm`
-    built by :data:`NORMS`.
+    operation fewer. ``norm``: an :class:`torch.nn.LayerNorm`, :class:`torch.nn.RMSNorm` or
+    :class:`DyT` built by :data:`NORMS` (without gain: ``scale`` times the plain norm).
 
     Raises:
         TypeError: another norm type.
@@ -52,6 +71,11 @@ def scaled_norm(norm: nn.Module, z: torch.Tensor, scale: torch.Tensor) -> torch.
         if norm.weight is None:
             return scale * norm(z)
         return F.rms_norm(z, norm.normalized_shape, norm.weight * scale, norm.eps)
+    if isinstance(norm, DyT):
+        y = torch.tanh(norm.alpha * z)
+        if norm.weight is None:
+            return scale * y
+        return torch.addcmul(norm.bias * scale, y, norm.weight * scale)
     raise TypeError(f"scaled_norm: unsupported norm {type(norm).__name__}")
 
 
@@ -87,6 +111,9 @@ def deepnorm_constants(n_layers: int, architecture: str = "decoder", n_decoder_l
     return (3 * m) ** 0.25, (12 * m) ** -0.25
 
 
+FIXED = ":fixed"
+
+
 class Placement(nn.Module, abc.ABC):
     """Base class of a norm placement around one sublayer branch.
 
@@ -94,18 +121,30 @@ class Placement(nn.Module, abc.ABC):
         d_model: width of the residual stream.
         n_layers: ``N``, the number of blocks of the model (DeepNorm's constants use it).
         norm: key of :data:`NORMS`.
+        layer: ``l``, the 1-based index of the block (LayerNorm Scaling uses it).
+        affine: the norms' elementwise gain and bias are learnable (True) or fixed at 1 and 0.
 
-    Subclasses set ``name`` and ``raw_input`` and implement :meth:`output` (and
-    :meth:`branch_input` when ``raw_input`` is False).
+    Subclasses set ``name``, ``input`` and ``has_norm`` and implement :meth:`output` (and
+    :meth:`branch_input` unless ``input == "raw"``). ``input`` says what ``F`` is fed:
+    ``"raw"`` (``x``: every such candidate of a site shares one call of ``F``), ``"norm"``
+    (``self.norm(x)``: candidates of a site with the same ``affine`` share the module
+    ``self.norm`` and so one call of ``F``, see :class:`autoln.model.Site`) or ``"own"`` (a
+    call of its own).
     """
 
     name: ClassVar[str]
-    raw_input: ClassVar[bool] = True
+    input: ClassVar[str] = "raw"
+    has_norm: ClassVar[bool] = True
     ends_in_norm: ClassVar[bool] = False
 
-    def __init__(self, d_model: int, n_layers: int, norm: str) -> None:
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
         super().__init__()
-        self.d_model, self.n_layers = d_model, n_layers
+        self.d_model, self.n_layers, self.layer, self.affine = d_model, n_layers, layer, affine
+
+    @property
+    def full_name(self) -> str:
+        """The candidate name: ``name``, or ``name:fixed`` with fixed norm gains."""
+        return self.name if self.affine or not self.has_norm else self.name + FIXED
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         """What ``F`` is fed, ``(B, T, d_model)``; the residual stream itself by default."""
@@ -135,11 +174,11 @@ class PreLN(Placement):
     """Pre-LN: ``x + F(LN(x))`` (Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture")."""
 
     name = "pre"
-    raw_input = False
+    input = "norm"
 
-    def __init__(self, d_model: int, n_layers: int, norm: str) -> None:
-        super().__init__(d_model, n_layers, norm)
-        self.norm = NORMS[norm](d_model)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
@@ -152,15 +191,14 @@ class PostLN(Placement):
     """Post-LN: ``LN(x + F(x))`` (Vaswani et al. 2017, "Attention Is All You Need")."""
 
     name = "post"
+    ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str) -> None:
-        super().__init__(d_model, n_layers, norm)
-        self.norm = NORMS[norm](d_model)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
         return self.norm(x + fx)
-
-    ends_in_norm = True
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         y = scaled_norm(self.norm, x + fx, weight)
@@ -174,16 +212,15 @@ class DeepNorm(Placement):
     """
 
     name = "deepnorm"
+    ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str) -> None:
-        super().__init__(d_model, n_layers, norm)
-        self.norm = NORMS[norm](d_model)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
         self.alpha, self.beta = deepnorm_constants(n_layers)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
         return self.norm(torch.add(fx, x, alpha=self.alpha))
-
-    ends_in_norm = True
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         y = scaled_norm(self.norm, torch.add(fx, x, alpha=self.alpha), weight)
@@ -193,15 +230,111 @@ class DeepNorm(Placement):
         return self.beta
 
 
-#: Placement classes by candidate name (``model.candidates``, genotype ``placements``).
-PLACEMENTS: dict[str, type[Placement]] = {cls.name: cls for cls in (PreLN, PostLN, DeepNorm)}
+class PeriLN(Placement):
+    """Peri-LN: ``x + LN_out(F(LN_in(x)))``, a norm on both sides of the branch (Kim et al.
+    2025, "Peri-LN"; the same form as CogView's Sandwich-LN, Ding et al. 2021). ``LN_in`` is
+    ``self.norm``: in the supernet it is the module of Pre-LN at the same site (same input,
+    one call of ``F``)."""
+
+    name = "peri"
+    input = "norm"
+    ends_in_norm = True
+
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
+        self.norm_out = NORMS[norm](d_model, affine)
+
+    def branch_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
+        return x + self.norm_out(fx)
+
+    def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = torch.addcmul(scaled_norm(self.norm_out, fx, weight), weight, x)
+        return y if acc is None else acc + y
 
 
-def build_placement(name: str, d_model: int, n_layers: int, norm: str) -> Placement:
-    """Factory: the placement registered as ``name``.
+class OutNorm(Placement):
+    """Output norm: ``x + LN(F(x))``, the norm on the branch's output only (OLMo 2's
+    "reordered norm", OLMo et al. 2024; Swin Transformer V2's res-post-norm, Liu et al. 2022)."""
+
+    name = "outnorm"
+    ends_in_norm = True
+
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
+
+    def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
+        return x + self.norm(fx)
+
+    def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = torch.addcmul(scaled_norm(self.norm, fx, weight), weight, x)
+        return y if acc is None else acc + y
+
+
+class LayerNormScaling(Placement):
+    """LayerNorm Scaling: Pre-LN with the norm's output scaled by ``1/sqrt(l)`` at block ``l``
+    (1-based), ``x + F(LN(x) / sqrt(l))`` (Sun et al. 2025, "The Curse of Depth in Large
+    Language Models"). Its branch input is its own (one call of ``F``)."""
+
+    name = "lns"
+    input = "own"
+
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine)
+        self.norm = NORMS[norm](d_model, affine)
+        self.scale = layer ** -0.5
+
+    def branch_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * self.scale
+
+    def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
+        return x + fx
+
+
+class NoNorm(Placement):
+    """No norm: ``x + F(x)``, a control (the plain residual; only the final norm remains)."""
+
+    name = "none"
+    has_norm = False
+
+    def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
+        return x + fx
+
+
+#: Placement classes by base name (``model.candidates``, genotype ``placements``; a name may
+#: carry the suffix ``:fixed``, e.g. ``pre:fixed``, for fixed norm gains: :func:`parse_name`).
+PLACEMENTS: dict[str, type[Placement]] = {cls.name: cls for cls in (PreLN, PostLN, DeepNorm, PeriLN, OutNorm, LayerNormScaling, NoNorm)}
+
+
+def parse_name(name: str) -> tuple[str, bool]:
+    """``(base name, affine)`` of a candidate name: ``"pre"`` -> ``("pre", True)``,
+    ``"pre:fixed"`` -> ``("pre", False)``.
 
     Raises:
-        KeyError: ``name`` is not in :data:`PLACEMENTS` (configs and genotypes are validated
+        KeyError: an unknown base name, or ``:fixed`` on a placement without norms (``none``).
+    """
+    base, fixed = (name[:-len(FIXED)], True) if name.endswith(FIXED) else (name, False)
+    if base not in PLACEMENTS or (fixed and not PLACEMENTS[base].has_norm):
+        raise KeyError(name)
+    return base, not fixed
+
+
+def placement_names() -> list[str]:
+    """Every valid candidate name: each base name, then ``<name>:fixed`` for those with norms."""
+    return [*PLACEMENTS, *(n + FIXED for n, cls in PLACEMENTS.items() if cls.has_norm)]
+
+
+def build_placement(name: str, d_model: int, n_layers: int, norm: str, layer: int = 1) -> Placement:
+    """Factory: the placement registered as ``name`` (with ``:fixed``: fixed norm gains) at
+    1-based block ``layer``.
+
+    Raises:
+        KeyError: ``name`` is not a valid candidate name (configs and genotypes are validated
             before they get here, so users see a named error instead).
     """
-    return PLACEMENTS[name](d_model, n_layers, norm)
+    base, affine = parse_name(name)
+    return PLACEMENTS[base](d_model, n_layers, norm, layer, affine)

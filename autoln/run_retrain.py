@@ -27,7 +27,7 @@ from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_sta
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import GenotypeError
-from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline
+from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
 from .model import build_derived
 from .run_search import EvalHook, genotype_markdown
@@ -77,7 +77,7 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
         GenotypeError: unreadable/invalid file, unknown name, or a ``model.vocab_size`` that
             differs from the data's vocabulary.
     """
-    if spec in BASELINES:
+    if is_baseline(spec):
         return baseline(spec, cfg.model, vocab_size)
     if spec and Path(spec).is_dir():
         raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")

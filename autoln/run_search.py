@@ -54,7 +54,7 @@ class SearchResult:
 def check_searchable(mc) -> None:
     """Raise :class:`ConfigError` unless ``mc.candidates`` (a :class:`ModelConfig`'s) offers a
     choice: a search needs at least two candidate placements."""
-    if len(mc.candidates) < 2:
+    if len(mc.searched_candidates()) < 2:
         raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
 
 

@@ -28,7 +28,8 @@ def site_names(n_layers: int, granularity: str) -> list[str]:
 
 
 class Supernet(TransformerLM):
-    """A :class:`TransformerLM` whose every site holds all of ``cfg.candidates``.
+    """A :class:`TransformerLM` whose every site holds all of ``cfg.searched_candidates()``
+    (``cfg.candidates``, in one or both gain forms per ``cfg.affine``).
 
     Args:
         cfg: model dimensions, ``candidates`` and ``granularity``.
@@ -45,7 +46,7 @@ class Supernet(TransformerLM):
                  mixing: str = "softmax") -> None:
         if mixing not in MIXINGS:
             raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
-        cands = list(cfg.candidates)
+        cands = cfg.searched_candidates()
         super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
         self.candidates = cands
         self.granularity = cfg.granularity

@@ -15,6 +15,10 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | ``search_order2`` | a second-order search iteration (DARTS' unrolled step) + weight step |
 | ``naive_weight`` | the weight step of a supernet that calls each branch once per candidate |
 | ``naive_order1`` | a first-order iteration of that naive supernet |
+| ``wide_weight`` | the weight step of the supernet over all seven placements (:data:`WIDE`: three branch inputs per site) |
+
+For ``wide_weight`` the FLOP floor is printed beside its time ratio: its FLOPs per step over the
+derived model's, the cost it cannot go below when every distinct branch input costs one call.
 
 All steps run in one process, interleaved (one step of each variant per round, the order
 rotating each round) after warm-up rounds, so machine noise hits every variant alike. Printed
@@ -65,7 +69,9 @@ from autoln.model import build_derived
 from autoln.supernet import Supernet
 from autoln.training import prepare_model, resolve_device, train_step, weight_optimizer
 
-VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1")
+VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight")
+#: The widened candidate list of ``wide_weight``: every registered placement.
+WIDE = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
 SCALING_VARIANTS = ("derived", "supernet_weight", "search_order1")
 TARGETS = {"supernet_weight": 2.1, "search_order1": 4.2}
 MEMORY_TARGET = 2.2
@@ -114,7 +120,11 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
                 train_step(model, opt, sched, *batches[i % POOL][0], sc.grad_clip)
             runners[name] = Runner(step, [model, opt])
             continue
-        model = copy.deepcopy(base)
+        if name == "wide_weight":
+            torch.manual_seed(sc.seed)
+            model = Supernet(replace(mc, candidates=WIDE), vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing)
+        else:
+            model = copy.deepcopy(base)
         if name.startswith("naive"):
             make_naive(model)
         model = prepare_model(model, device, sc)
@@ -289,6 +299,11 @@ def print_result(res: dict) -> None:
         checks.append(("supernet_weight memory", res["variants"]["supernet_weight"]["memory_ratio"], MEMORY_TARGET))
     for label, value, target in checks:
         print(f"target {label} <= {target}x derived: {value:.2f} {'ok' if value <= target else 'MISSED'}")
+    if "wide_weight" in res["variants"]:
+        v = res["variants"]
+        floor = v["wide_weight"]["gflops_per_step"] / v["derived"]["gflops_per_step"]
+        print(f"wide_weight ({len(WIDE)} candidates, 3 branch inputs per site): time {v['wide_weight']['time_ratio']:.2f}x, "
+              f"memory {v['wide_weight']['memory_ratio']:.2f}x derived; FLOP floor {floor:.2f}x")
     if {"search_order1", "search_order2"} <= set(res["variants"]):
         v = res["variants"]
         print(f"order 2 / order 1 iteration: {v['search_order2']['ms_per_step'] / v['search_order1']['ms_per_step']:.2f}")

@@ -28,6 +28,22 @@ def test_naive_supernet_is_the_same_function(tiny_model_cfg):
     torch.testing.assert_close(naive(x, x)[0], net(x, x)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_naive_supernet_is_the_same_function_for_the_wide_list(tiny_model_cfg):
+    # shared branch calls and folded mixing weights (peri, outnorm) against sum_k w_k p_k(x, F)
+    from dataclasses import replace
+
+    for norm, affine in (("layernorm", "search"), ("dyt", "learnable"), ("rmsnorm", "fixed")):
+        net = Supernet(replace(tiny_model_cfg, candidates=bench.WIDE, norm=norm, affine=affine), 32)
+        with torch.no_grad():
+            net.alphas.normal_()
+            for name, p in net.named_parameters():
+                if "norm" in name:
+                    p.add_(0.1 * torch.randn_like(p))
+        naive = bench.make_naive(copy.deepcopy(net))
+        x = torch.randint(0, 32, (3, tiny_model_cfg.context))
+        torch.testing.assert_close(naive(x, x)[0], net(x, x)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_live_bytes_counts_allocations_and_frees():
     state = [torch.zeros(250)]  # 1000 bytes of tracked state
     tracker = bench.LiveBytes(state)

@@ -78,7 +78,7 @@ def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache)
     assert "retrain diverged at step" in (out / "all-post" / "seed0" / "diverged.txt").read_text()
     other = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--baselines", "all-post", "--seeds", "2",
                 "--set", "retrain.lr=1000", "--set", "retrain.steps=30", "--out", str(out), cache=cache, check=False)
-    assert other.returncode == 2 and "made with other settings (config.retrain.steps (20 -> 30))" in other.stderr
+    assert other.returncode == 2 and "made with other settings (retrain.steps (20 -> 30))" in other.stderr
     for args, message in [(("--compare", "--baselines", "all-nope"), "--baselines: unknown ['all-nope']"),
                           (("--compare", "--seeds", "0"), "--seeds must be a positive integer"),
                           (("--compare", "--baselines", ""), "needs at least one --genotype or baseline"),

@@ -104,3 +104,25 @@ def test_r_darts_needs_in_the_config_match_the_monitor():
 
     assert config.R_DARTS_MIN_EVALUATIONS == monitor.WINDOW + monitor.DELTA
     assert (config.R_DARTS_LAG, config.R_DARTS_START_FRACTION) == (monitor.LAG, monitor.START_FRACTION)
+
+
+def test_configs_recorded_before_a_key_existed_compare_equal():
+    from autoln.checkpoint import config_differences
+    from autoln.config import with_defaults
+
+    old = Config().to_dict()
+    del old["model"]["affine"]  # a checkpoint or provenance written before model.affine existed
+    assert config_differences(with_defaults(old), Config().to_dict()) == []
+    assert with_defaults(old)["model"]["affine"] == "learnable"
+    changed = {**old, "model": {**old["model"], "d_model": 64}}
+    assert config_differences(with_defaults(changed), Config().to_dict()) == ["model.d_model (checkpoint 64, now 96)"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.candidates=[pre, none:fixed]"], "model.candidates"),
+    (["model.affine=frozen"], "model.affine"),
+    (["model.norm=batchnorm"], "model.norm"),
+])
+def test_new_search_space_keys_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -113,3 +113,15 @@ def test_uniform_baselines_and_unknown_name():
         assert g.placements == [name] * 3 and g.probabilities == [[1.0]] * 3
     with pytest.raises(GenotypeError, match="unknown baseline"):
         baseline("all-sandwich", cfg, 256)
+
+
+def test_baselines_of_every_candidate_and_gain_form():
+    from autoln.config import ModelConfig
+    from autoln.genotype import BASELINES, baseline, is_baseline
+
+    assert {"all-peri", "all-outnorm", "all-lns", "all-none"} <= set(BASELINES)
+    cfg = ModelConfig(n_layers=4)
+    assert baseline("all-peri", cfg, 256).describe() == "peri peri peri peri"
+    g = baseline("all-pre:fixed", cfg, 256)
+    assert g.candidates == ["pre:fixed"] and g.describe() == "pre:fixed pre:fixed pre:fixed pre:fixed"
+    assert is_baseline("all-lns:fixed") and not is_baseline("all-none:fixed") and not is_baseline("all-sandwich")

@@ -151,3 +151,93 @@ def test_final_norm_and_tied_head(tiny_model_cfg):
     assert isinstance(m.norm_f, torch.nn.LayerNorm)
     logits, loss = m(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     assert logits.shape == (2, 4, VOCAB) and loss.ndim == 0
+
+
+WIDE = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
+
+
+def _assert_one_hot_equals_derived(cfg, rows):
+    net = _one_hot_supernet(cfg, rows)
+    cands = net.candidates
+    names = [cands[k] for k in rows]
+    per_block = [(names[i], names[i]) for i in range(cfg.n_layers)] if cfg.granularity == "layer" else \
+        [(names[2 * i], names[2 * i + 1]) for i in range(cfg.n_layers)]
+    with torch.no_grad():  # every norm's parameters (gains, biases, DyT's c) away from their init
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    derived = build_derived(cfg, VOCAB, per_block)
+    missing, _ = derived.load_state_dict(net.state_dict(), strict=False)
+    assert missing == []
+    idx = torch.randint(0, VOCAB, (3, cfg.context))
+    torch.testing.assert_close(net(idx)[0], derived(idx)[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "dyt"])
+@pytest.mark.parametrize("choice", WIDE + ["mixed"])
+def test_one_hot_supernet_equals_derived_model_for_every_candidate_and_norm(tiny_model_cfg, norm, choice):
+    cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "candidates": WIDE, "norm": norm, "granularity": "sublayer"})
+    n_sites = 2 * cfg.n_layers
+    rows = [(3 * i + 1) % len(WIDE) for i in range(n_sites)] if choice == "mixed" else [WIDE.index(choice)] * n_sites
+    _assert_one_hot_equals_derived(cfg, rows)
+
+
+def test_one_hot_equivalence_with_both_gain_forms(tiny_model_cfg):
+    cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "candidates": ["pre", "peri", "post"], "affine": "search",
+                         "granularity": "sublayer"})
+    assert Supernet(cfg, VOCAB).candidates == ["pre", "pre:fixed", "peri", "peri:fixed", "post", "post:fixed"]
+    _assert_one_hot_equals_derived(cfg, [0, 1, 2, 3, 4, 5])
+
+
+def _branch_calls(model, n_rows=5):
+    calls = []
+    for block in model.blocks:
+        for branch in (block.attn, block.ffn):
+            branch.register_forward_hook(lambda mod, inp, out: calls.append(1))
+    model(torch.randint(0, VOCAB, (n_rows, model.cfg.context)))
+    return len(calls) // (2 * model.cfg.n_layers)
+
+
+def test_branch_calls_per_site_are_the_distinct_inputs(tiny_model_cfg):
+    def supernet(**kw):
+        return Supernet(ModelConfig(**{**tiny_model_cfg.__dict__, **kw}), VOCAB)
+
+    # x (post, deepnorm, outnorm, none), LN_in(x) shared by pre and peri, LN(x)/sqrt(l) for lns
+    assert _branch_calls(supernet(candidates=WIDE)) == 3
+    assert _branch_calls(supernet(candidates=["pre", "peri"])) == 1
+    assert _branch_calls(supernet(candidates=["post", "outnorm", "none"])) == 1
+    # both gain forms: x once; LN_in(x) once per form; lns once per form
+    assert _branch_calls(supernet(candidates=WIDE, affine="search")) == 5
+    site = supernet(candidates=WIDE, affine="search").blocks[0].attn_site
+    assert site.placements["pre"].norm is site.placements["peri"].norm
+    assert site.placements["pre:fixed"].norm is site.placements["peri:fixed"].norm
+    assert site.placements["pre"].norm is not site.placements["pre:fixed"].norm
+
+
+def test_fixed_gains_leave_no_trainable_norm_gain_or_bias(tiny_model_cfg):
+    cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "candidates": WIDE, "affine": "fixed"})
+    net = Supernet(cfg, VOCAB)
+    assert net.candidates == [c + ":fixed" for c in WIDE[:-1]] + ["none"]
+    norm_params = [n for n, _ in net.named_parameters() if "norm" in n]
+    assert norm_params == []  # per-site norms and the final norm
+    dyt = Supernet(ModelConfig(**{**cfg.__dict__, "norm": "dyt"}), VOCAB)
+    assert {n.rsplit(".", 1)[-1] for n, _ in dyt.named_parameters() if "norm" in n} == {"alpha"}  # DyT's scalar c stays
+
+
+def test_searched_gain_forms_give_a_genotype_whose_model_has_exactly_that_mix(tiny_model_cfg):
+    import numpy as np
+
+    from autoln.genotype import Genotype, from_probabilities
+
+    cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "candidates": ["pre", "post"], "affine": "search"})
+    cands = cfg.searched_candidates()
+    assert cands == ["pre", "pre:fixed", "post", "post:fixed"]
+    choices = [1, 0, 3]  # block0 pre:fixed, block1 pre, block2 post:fixed
+    g = from_probabilities(np.full((3, 4), 0.25), cfg, VOCAB, choices=choices)
+    g = Genotype.from_dict(g.to_dict())  # through JSON's form
+    assert g.placements == ["pre:fixed", "pre", "post:fixed"] and g.candidates == cands
+    model = build_derived(g.model_config(cfg), VOCAB, g.block_placements())
+    has_gain = [[site.placements[n].norm.weight is not None for n in site.placements]
+                for b in model.blocks for site in (b.attn_site, b.ffn_site)]
+    assert has_gain == [[False], [False], [True], [True], [False], [False]]
+    assert model.norm_f.weight is not None  # the final norm is fixed only with model.affine: fixed

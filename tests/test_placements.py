@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autoln.placements import PLACEMENTS, deepnorm_constants
+from autoln.placements import NORMS, PLACEMENTS, build_placement, deepnorm_constants, parse_name, scaled_norm
 
 
 @pytest.mark.parametrize("n, a, b", [(6, 1.861, 0.380), (12, 2.213, 0.320)])
@@ -34,19 +34,54 @@ def _ln(x):
     return F.layer_norm(x, x.shape[-1:])
 
 
-@pytest.mark.parametrize("name", ["pre", "post", "deepnorm"])
+@pytest.mark.parametrize("name", ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"])
 def test_placement_formulas(name):
     torch.manual_seed(1)
     x = torch.randn(2, 5, 8)
     branch = torch.nn.Linear(8, 8)
-    p = PLACEMENTS[name](8, 6, "layernorm")  # fresh norms: unit gain, zero bias
+    p = PLACEMENTS[name](8, 6, "layernorm", layer=4)  # fresh norms: unit gain, zero bias; block l = 4
     a = (2 * 6) ** 0.25
     expected = {
         "pre": x + branch(_ln(x)),
         "post": _ln(x + branch(x)),
         "deepnorm": _ln(a * x + branch(x)),
+        "peri": x + _ln(branch(_ln(x))),
+        "outnorm": x + _ln(branch(x)),
+        "lns": x + branch(_ln(x) / 2.0),  # 1 / sqrt(4)
+        "none": x + branch(x),
     }[name]
     torch.testing.assert_close(p(x, branch), expected, rtol=0, atol=1e-6)
+
+
+def test_norm_types_on_hand_checkable_input():
+    x = torch.tensor([[1.0, -1.0, 3.0, -3.0]])  # mean 0, variance 5, mean square 5
+    torch.testing.assert_close(NORMS["layernorm"](4)(x), x / math.sqrt(5 + 1e-5))
+    rms = NORMS["rmsnorm"](4)
+    torch.testing.assert_close(rms(x), x / math.sqrt(5 + torch.finfo(torch.float32).eps))
+    dyt = NORMS["dyt"](4)  # Zhu et al. 2025: g * tanh(c x) + b, c = 0.5 at init, g = 1, b = 0
+    assert dyt.alpha.item() == 0.5 and torch.equal(dyt.weight, torch.ones(4)) and torch.equal(dyt.bias, torch.zeros(4))
+    with torch.no_grad():
+        dyt.weight.fill_(2.0)
+        dyt.bias.fill_(0.25)
+    torch.testing.assert_close(dyt(x), 2.0 * torch.tanh(0.5 * x) + 0.25)
+    for name in NORMS:  # fixed gains: no elementwise parameters (DyT keeps its scalar c)
+        fixed = NORMS[name](4, affine=False)
+        assert [n for n, _ in fixed.named_parameters()] == (["alpha"] if name == "dyt" else [])
+        # scaled_norm(norm, z, w) = w * norm(z), with and without gains
+        for norm in (fixed, NORMS[name](4)):
+            for q in norm.parameters():
+                q.data.add_(0.3)
+            w = torch.tensor(0.7)
+            torch.testing.assert_close(scaled_norm(norm, x, w), w * norm(x))
+
+
+def test_candidate_names_and_fixed_forms():
+    assert parse_name("pre") == ("pre", True) and parse_name("peri:fixed") == ("peri", False)
+    for bad in ("none:fixed", "sandwich", "pre:frozen"):
+        with pytest.raises(KeyError):
+            parse_name(bad)
+    assert build_placement("post:fixed", 8, 6, "layernorm").norm.weight is None
+    assert build_placement("post", 8, 6, "layernorm").norm.weight.requires_grad
 
 
 def test_deepnorm_scales_the_residual_not_the_branch():
@@ -65,4 +100,4 @@ def test_deepnorm_scales_the_residual_not_the_branch():
 
 
 def test_raw_input_flags_give_two_branch_inputs():
-    assert [PLACEMENTS[n].raw_input for n in ("pre", "post", "deepnorm")] == [False, True, True]
+    assert [PLACEMENTS[n].input for n in ("pre", "post", "deepnorm")] == ["norm", "raw", "raw"]
