@@ -114,6 +114,15 @@ def deepnorm_constants(n_layers: int, architecture: str = "decoder", n_decoder_l
 FIXED = ":fixed"
 
 
+def _mix_normed_branch(acc: Optional[torch.Tensor], x: torch.Tensor, norm: nn.Module, fx: torch.Tensor,
+                       weight: torch.Tensor) -> torch.Tensor:
+    """``acc + weight * (x + norm(fx))`` ``(B, T, d_model)`` for the placements whose branch
+    output is normed (``peri``, ``outnorm``): the weight folded into the norm's gain and bias
+    (:func:`scaled_norm`) and a fused ``addcmul`` for ``weight * x``."""
+    y = torch.addcmul(scaled_norm(norm, fx, weight), weight, x)
+    return y if acc is None else acc + y
+
+
 class Placement(nn.Module, abc.ABC):
     """Base class of a norm placement around one sublayer branch.
 
@@ -252,8 +261,7 @@ class PeriLN(Placement):
         return x + self.norm_out(fx)
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        y = torch.addcmul(scaled_norm(self.norm_out, fx, weight), weight, x)
-        return y if acc is None else acc + y
+        return _mix_normed_branch(acc, x, self.norm_out, fx, weight)
 
 
 class OutNorm(Placement):
@@ -271,8 +279,7 @@ class OutNorm(Placement):
         return x + self.norm(fx)
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        y = torch.addcmul(scaled_norm(self.norm, fx, weight), weight, x)
-        return y if acc is None else acc + y
+        return _mix_normed_branch(acc, x, self.norm, fx, weight)
 
 
 class LayerNormScaling(Placement):

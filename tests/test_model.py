@@ -241,3 +241,25 @@ def test_searched_gain_forms_give_a_genotype_whose_model_has_exactly_that_mix(ti
                 for b in model.blocks for site in (b.attn_site, b.ffn_site)]
     assert has_gain == [[False], [False], [True], [True], [False], [False]]
     assert model.norm_f.weight is not None  # the final norm is fixed only with model.affine: fixed
+
+
+def test_retrain_builds_the_searched_gain_forms(tmp_path, monkeypatch, cache_dir):
+    import numpy as np
+
+    from autoln.config import load_config
+    from autoln.genotype import from_probabilities
+    from autoln.run_retrain import run_retrain
+
+    from .conftest import ROOT
+
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
+        "model.candidates=[pre, peri]", "model.affine=search", "retrain.steps=2", "retrain.eval_every=2",
+        "retrain.final_eval_windows=2", "retrain.eval_windows=2", "logging.progress=false", "logging.tensorboard=false"])
+    g = from_probabilities(np.full((2, 4), 0.25), cfg.model, 256, choices=[3, 0])  # peri:fixed, pre
+    g.save(tmp_path / "g.json")
+    model = run_retrain(cfg, str(tmp_path / "g.json"), tmp_path / "r").model
+    sites = [(b.attn_site, b.ffn_site) for b in model.blocks]
+    assert [list(a.placements) for a, _ in sites] == [["peri:fixed"], ["pre"]]
+    assert sites[0][0].placements["peri:fixed"].norm_out.weight is None
+    assert sites[1][1].placements["pre"].norm.weight.requires_grad
