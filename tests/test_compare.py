@@ -47,14 +47,14 @@ def test_labels_are_unique_and_baselines_keep_their_names():
 
 def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, cache):
     out = tmp_path / "cmp"
-    proc = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", "--set", "retrain.steps=60",
-               "--out", str(out), cache=cache)
+    short = ["--set", "retrain.steps=20", "--set", "retrain.eval_every=10", "--set", "retrain.final_eval_windows=8"]
+    proc = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", *short, "--out", str(out), cache=cache)
     with open(out / "compare.csv", newline="") as fh:
         rows = {r["genotype"]: r for r in csv.DictReader(fh)}
     assert set(rows) == set(BASELINES)
     for name, row in rows.items():  # the table is the mean and std of the runs' own metrics
         vals = [json.loads((out / name / f"seed{i}" / "metrics.json").read_text()) for i in range(2)]
-        assert [v["seed"] for v in vals] == [0, 1] and vals[0]["steps"] == vals[1]["steps"] == 60
+        assert [v["seed"] for v in vals] == [0, 1] and vals[0]["steps"] == vals[1]["steps"] == 20
         bpb = [v["valid"]["bits_per_byte"] for v in vals]
         assert row["valid_bits_per_byte"] == f"{statistics.mean(bpb):.4f} ± {statistics.stdev(bpb):.4f}"
         assert row["diverged"] == "0" and row["seeds"] == "2"
@@ -62,10 +62,15 @@ def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, ca
     assert (out / "valid_curves.png").read_bytes()[:8] == PNG
     assert "| genotype | placements | seeds | valid_bits_per_byte |" in proc.stdout
     stamp = (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns
-    again = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", "--set", "retrain.steps=60",
-                "--out", str(out), cache=cache)
+    again = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", *short, "--out", str(out), cache=cache)
     assert "finished runs are reused" in again.stderr and "[compare]" not in again.stderr
     assert (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp
+    # another baseline joins the same folder: only its runs are new
+    more = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", *short, "--baselines", "all-pre,all-pre:fixed",
+               "--out", str(out), cache=cache)
+    assert more.stderr.count("[compare]") == 2 and "[compare] all-pre:fixed seed 0" in more.stderr
+    assert (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp
+    assert json.loads((out / "all-pre:fixed" / "seed1" / "metrics.json").read_text())["placements"] == "pre:fixed pre:fixed"
 
 
 def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache):
