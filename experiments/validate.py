@@ -108,7 +108,8 @@ def setting_markdown(r: dict, seeds: int) -> str:
         lines.append(f"| {name} | {row['placements']} | {mean_std(row['valid'])} | {mean_std(row['test'])} | {row['diverged']} |")
     same = [row["label"] for row in r["rows"][1:] if row["placements"] == r["rows"][0]["placements"]]
     also = f" The searched genotype has the same placements as {', '.join(same)}." if same else ""
-    lines += ["", f"Verdict: the searched genotype **{r['verdict']}** the best named baseline ({r['best_baseline']}).{also}", ""]
+    verb = r["verdict"].replace("loses", "loses to", 1)
+    lines += ["", f"Verdict: the searched genotype **{verb}** the best named baseline ({r['best_baseline']}).{also}", ""]
     return "\n".join(lines)
 
 
