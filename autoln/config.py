@@ -458,7 +458,8 @@ class Config:
                 try:
                     self._trial({key: value}).validate_sections()
                 except ConfigError as exc:
-                    raise ConfigError(f"tune.space['{key}']: the value {value!r} is invalid: {exc}") from None
+                    raise ConfigError(f"tune.space['{key}']: the value {value!r} is invalid: {exc} "
+                                      f"[change that range in tune.space: --set of a tuned key has no effect]") from None
         # then the corners of the space, where two tuned keys together can break a rule
         # (e.g. search.arch_warmup_steps at its top with search.steps at its bottom)
         if len(values) > 1 and math.prod(len(v) for v in values.values()) <= MAX_CORNERS:
@@ -468,7 +469,8 @@ class Config:
                     self._trial(params).validate_sections()
                 except ConfigError as exc:
                     shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-                    raise ConfigError(f"tune.space: a trial could draw {shown}, which is invalid: {exc}") from None
+                    raise ConfigError(f"tune.space: a trial could draw {shown}, which is invalid: {exc} "
+                                      f"[narrow these ranges in tune.space]") from None
 
     def _trial(self, params: dict) -> "Config":
         trial = copy.deepcopy(self)

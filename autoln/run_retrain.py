@@ -26,7 +26,7 @@ from .config import Config
 from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import GenotypeError
+from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
 from .model import build_derived
@@ -82,7 +82,9 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     if spec and Path(spec).is_dir():
         raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")
     if not spec or not Path(spec).is_file():
-        raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name (expected a genotype.json or one of {list(BASELINES)})")
+        hint = " ('none' has no norm, so no ':fixed' form)" if spec.startswith("all-none:") else ""
+        raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name{hint} (expected a genotype.json, "
+                            f"one of {list(BASELINES)} or all-<candidate> such as all-pre:fixed)")
     genotype = Genotype.load(spec)
     if genotype.model["vocab_size"] != vocab_size:
         raise GenotypeError(f"{spec}: field 'model.vocab_size' is {genotype.model['vocab_size']} but the data "
@@ -117,7 +119,13 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
         distributed.print_main(f"note: the genotype was searched on other data ({searched_on.get('corpus')}); retraining on {corpus.name}",
               file=sys.stderr)
     check_lengths(corpus, mc.context)
-    check_fits(mc, corpus.vocab_size, max(1, cfg.retrain.batch_size // distributed.world_size()), device, False, "retrain")
+    try:
+        check_fits(mc, corpus.vocab_size, max(1, cfg.retrain.batch_size // distributed.world_size()), device, False, "retrain")
+    except ConfigError as exc:
+        if is_baseline(genotype_spec):
+            raise
+        raise ConfigError(f"{genotype_spec}: {exc} (the model's size comes from the genotype's 'model' field, "
+                          "which --set model.* does not change)") from None
     return device, corpus, genotype, replace(cfg, model=mc)  # config.yaml and checkpoints record the model trained
 
 

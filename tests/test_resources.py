@@ -63,6 +63,7 @@ def test_a_genotype_too_large_for_the_machine_is_refused_before_building(tmp_pat
                           env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "GiB" in proc.stderr and "model.d_model (262144)" in proc.stderr and not (tmp_path / "r").exists()
+    assert f"error: {path}: " in proc.stderr and "--set model.* does not change" in proc.stderr
 
 
 def test_out_of_memory_during_a_run_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys, cache_dir):
