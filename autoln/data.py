@@ -69,6 +69,12 @@ class Corpus:
         counts = np.bincount(np.asarray(self.splits["train"]), minlength=self.vocab_size)[: self.vocab_size]
         return np.log((counts + 1.0) / (counts.sum() + self.vocab_size))
 
+    def unigram_plateau(self, split: str = "valid") -> float:
+        """The *unigram plateau* of ``split``: the mean cross-entropy, in nats per token, of
+        predicting every token of ``split`` by :meth:`unigram_log_probs`, i.e. the loss of a
+        model that has learnt the token frequencies and nothing else. Float."""
+        return float(-self.unigram_log_probs()[np.asarray(self.splits[split])].mean())
+
     def describe(self) -> str:
         """One line: name, tokeniser, vocabulary size and tokens per split."""
         sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits.items())

@@ -64,6 +64,11 @@ def temperature(sc, step: int) -> float:
     return linear(sc.tau_start, sc.tau_end, step - 1, sc.steps - 1)
 
 
+#: A supernet whose final valid loss is within this many nats/token of the unigram plateau
+#: (:meth:`autoln.data.Corpus.unigram_plateau`) has learnt nothing beyond token frequencies.
+PLATEAU_MARGIN = 0.1
+
+
 def sdarts_noise(sc, step: int) -> float:
     """SDARTS-RS's noise bound ``eps`` at 1-based search ``step``: linear from ``min(0.03,
     sc.sdarts_eps)`` at step 1 to ``sc.sdarts_eps`` at the last step, as the reference code
@@ -335,6 +340,14 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
 
     probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session
+    plateau = metrics_from_loss(corpus.unigram_plateau("valid"), cfg.data.tokenizer)
+    at_plateau = bool(valid_metrics) and valid_metrics["loss"] > plateau["loss"] - PLATEAU_MARGIN
+    if at_plateau:
+        distributed.print_main(
+            f"warning: the supernet's valid loss ({valid_metrics[headline]:.3f} {headline}) is at the unigram plateau "
+            f"({plateau[headline]:.3f}): it has learnt the token frequencies and nothing else, so its alphas and loss rises "
+            "say nothing about the placements. Train it longer, or with more warm-up (search.warmup_steps) or a lower "
+            "search.lr, before trusting this genotype", file=sys.stderr)
     provenance = {
         "created": utc_now(), "command": " ".join(sys.argv), "seed": sc.seed, "config": cfg.to_dict(),
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint,
@@ -343,7 +356,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         "metrics": {"steps": stopped_at or sc.steps, "stopped_early": stopped_at is not None,
                     "wall_time_s": round(wall, 2), "supernet_valid": valid_metrics,
                     "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
-                    "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues},
+                    "site_entropy": record.get("entropy"), "hessian_eigenvalues": monitor.eigenvalues,
+                    "unigram_plateau": plateau, "at_unigram_plateau": at_plateau},
         "selection": {"method": sc.selection if early is None else "argmax"},
     }
     if early is not None:

@@ -78,3 +78,25 @@ def test_post_ln_leaves_the_unigram_plateau_only_with_the_fix(tmp_path, cache_di
         losses[ob] = run_retrain(cfg, "all-post", tmp_path / ob).valid["loss"]
     assert losses["none"] > plateau  # stalled at the plateau
     assert losses["unigram"] < plateau - 0.2
+
+
+def test_unigram_plateau_is_the_cross_entropy_of_the_frequencies():
+    c = _corpus([0, 0, 0, 1, 2, 2], vocab=4)
+    # -(3 log 0.4 + log 0.2 + 2 log 0.3) / 6
+    assert c.unigram_plateau("train") == pytest.approx(-(3 * math.log(0.4) + math.log(0.2) + 2 * math.log(0.3)) / 6, abs=1e-12)
+
+
+def test_a_search_that_learnt_nothing_says_so(tmp_path, monkeypatch, capsys, cache_dir):
+    from autoln.genotype import Genotype
+    from autoln.run_search import run_search
+
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    common = ["search.steps=6", "search.arch_warmup_steps=2", "search.eval_every=6", "search.eval_windows=4",
+              "search.selection=argmax", "logging.progress=false", "logging.tensorboard=false"]
+    # a learning rate of 1e-9: the supernet stays at its start, the unigram distribution
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [*common, "search.lr=1e-9"])
+    run_search(cfg, tmp_path / "a")
+    metrics = Genotype.load(tmp_path / "a" / "genotype.json").provenance["metrics"]
+    assert metrics["at_unigram_plateau"] is True and "at the unigram plateau" in capsys.readouterr().err
+    assert metrics["unigram_plateau"]["loss"] == pytest.approx(load_corpus(cfg.data).unigram_plateau("valid"), rel=1e-12)
+    assert metrics["supernet_valid"]["loss"] > metrics["unigram_plateau"]["loss"] - 0.1
