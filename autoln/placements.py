@@ -150,11 +150,6 @@ class Placement(nn.Module, abc.ABC):
         super().__init__()
         self.d_model, self.n_layers, self.layer, self.affine = d_model, n_layers, layer, affine
 
-    @property
-    def full_name(self) -> str:
-        """The candidate name: ``name``, or ``name:fixed`` with fixed norm gains."""
-        return self.name if self.affine or not self.has_norm else self.name + FIXED
-
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         """What ``F`` is fed, ``(B, T, d_model)``; the residual stream itself by default."""
         return x
