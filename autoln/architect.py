@@ -1,4 +1,4 @@
-"""The bilevel step (DARTS, Liu et al. 2019, §2.3, eq. 3-8; DESIGN §4).
+"""The bilevel step (DARTS, Liu et al. 2019, §2.3, eq. 3-8; docs/design.md §4).
 
 :class:`Architect` owns the alpha optimizer and computes the architecture gradient; its
 narrow interface (``step``, ``gradient``, ``state_dict``, ``load_state_dict``) is all the

@@ -1,4 +1,4 @@
-"""Checkpoints and exact resume (DESIGN §1; issue 7).
+"""Checkpoints and exact resume (docs/design.md §1).
 
 A run's ``checkpoint.pt`` holds everything the next step depends on: the model (weights and,
 for a search, the alphas), the optimizers and learning-rate schedulers, the step, the random
@@ -12,8 +12,10 @@ an uninterrupted one (``tests/test_resume.py``).
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -113,24 +115,74 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
 
 
 class StopSignals:
-    """Context manager: the first SIGINT or SIGTERM sets :attr:`received` instead of killing the
-    run, so the training loop can finish its step, write a checkpoint and stop
-    (:meth:`check`); a second one acts at once (the default handlers are back). Outside the
-    main thread it does nothing."""
+    """Context manager for SIGINT and SIGTERM during a run.
+
+    The first signal sets :attr:`received`: the training loop finishes its step, writes a
+    checkpoint and stops (:meth:`requested`, then :class:`Interrupted`). A second signal ends
+    the process at once with status ``128 + signum`` (130 or 143), even inside a long step.
+
+    Python runs a signal handler only between bytecodes of the main thread, so a handler
+    alone cannot see a signal while one long torch call (a huge attention, say) holds the
+    main thread. The signals are therefore also counted by a watcher thread woken by
+    :func:`signal.set_wakeup_fd`, to which the C-level handler writes each signal's number
+    as it arrives; torch releases the GIL inside its operators, so the watcher runs during
+    them. The checkpoint of the last finished step stays on disk (checkpoints are written
+    atomically), so nothing finished is lost. Outside the main thread it does nothing.
+    """
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
         self._saved: dict[int, Any] = {}
+        self._count = 0
+        self._lock = threading.Lock()
+        self._pipe: Optional[tuple[int, int]] = None
+        self._old_wakeup = -1
+        self._watcher: Optional[threading.Thread] = None
+
+    def _note(self, signum: int) -> None:
+        """Count one arrival of ``signum``; the second one ends the process."""
+        with self._lock:
+            self._count += 1
+            self.received = self.received or signum
+            second = self._count >= 2
+        if second:
+            sys.stderr.write(f"\nsecond signal ({signal.Signals(signum).name}): stopping at once; "
+                             f"the last checkpoint written stays on disk\n")
+            sys.stderr.flush()
+            os._exit(128 + signum)
 
     def _handle(self, signum, frame) -> None:
-        self.received = signum
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
+        # the watcher thread counts the arrivals; without one (no wakeup fd), count here
+        if self._watcher is None:
+            self._note(signum)
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in (signal.SIGINT, signal.SIGTERM):
+                    self._note(signum)
 
     def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._handle)
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # an fd already taken by an event loop: count in the handler instead
+            os.close(r), os.close(w)
+            return self
+        self._pipe = (r, w)
+        self._watcher = threading.Thread(target=self._watch, args=(r,), name="autoln-signals", daemon=True)
+        self._watcher.start()
         return self
 
     def requested(self, device: torch.device) -> bool:
@@ -138,6 +190,13 @@ class StopSignals:
         return distributed.any_true(self.received is not None, device)
 
     def __exit__(self, *exc) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            r, w = self._pipe
+            os.close(w)  # the watcher's read returns b"" and it ends
+            self._watcher.join(timeout=5)
+            os.close(r)
+            self._pipe, self._watcher = None, None
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()

@@ -41,6 +41,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
 
 
+#: The config file's sections (:class:`autoln.config.Config`'s fields), for ``--help``.
+CONFIG_SECTIONS = ("data", "model", "search", "retrain", "tune", "checkpoint", "logging")
+
+
 def number(value: float) -> str:
     """A metric for the terminal: 4 decimals, or 4 significant digits when huge (a blown-up
     perplexity)."""
@@ -49,7 +53,7 @@ def number(value: float) -> str:
 
 def _parser(prog: str, description: str, section: str, default_out: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=description)
-    p.add_argument("--config", metavar="FILE", help="YAML config (sections data, model, search, retrain, logging)")
+    p.add_argument("--config", metavar="FILE", help=f"YAML config (sections {', '.join(CONFIG_SECTIONS)})")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                    help=f"override one config key, e.g. --set {section}.steps=200 (repeatable)")
     p.add_argument("--out", metavar="DIR", help=f"run folder (default {default_out})")
@@ -154,6 +158,17 @@ def _command(script: str, *args: str) -> str:
     except ValueError:
         exe = Path("python")
     return " ".join(shlex.quote(str(a)) for a in (exe, script, *args))
+
+
+def _tensorboard(logdir: Path) -> str:
+    """The command line that opens TensorBoard on ``logdir``: the ``tensorboard`` script beside
+    this interpreter (a virtual environment's), else the one on ``PATH``."""
+    exe = Path(sys.executable).parent / "tensorboard"
+    try:
+        exe = exe.relative_to(Path.cwd()) if exe.exists() else Path("tensorboard")
+    except ValueError:
+        exe = Path("tensorboard")
+    return " ".join(shlex.quote(str(a)) for a in (exe, "--logdir", logdir))
 
 
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -279,8 +294,8 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                 "with --compare, several genotypes and the published placements at equal budget and seeds.",
                 "retrain", "runs/retrain[-<baseline>]-<timestamp>; with --compare runs/compare-<timestamp>")
     p.add_argument("--genotype", action="append", default=[], metavar="FILE_OR_NAME",
-                   help="genotype.json from search.py, or all-pre | all-post | all-deepnorm | mix-ln | pre-post "
-                        "(required once; with --compare repeatable and optional)")
+                   help=f"genotype.json from search.py, or a named baseline: {' | '.join(DEFAULT_BASELINES.split(','))}, or any "
+                        "all-<candidate> such as all-pre:fixed (required once; with --compare repeatable and optional)")
     p.add_argument("--compare", action="store_true",
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
     p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")
@@ -312,10 +327,15 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
-        lines = [f"{split} " + ", ".join(f"{k} {number(v)}" for k, v in m.items() if k != "windows")
+        lines = [f"{split} ({m['windows']} windows): " + ", ".join(f"{k} {number(v)}" + (" nats/token" if k == "loss" else "")
+                                                             for k, v in m.items() if k != "windows")
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
+        genotype = () if is_baseline(spec) else ("--genotype", spec)
+        print("next: " + _command("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
+              + "   # against the named baselines, 3 seeds each")
+        print("      " + _tensorboard(Path(out).parent))
 
     return guarded(body)
 

@@ -42,10 +42,12 @@ OUTPUT_BIASES = ("unigram", "none")
 
 @dataclass
 class DataConfig:
-    """Where the text comes from and how it is tokenised and split (DESIGN §8, §4 "Data").
+    """Where the text comes from and how it is tokenised and split (docs/design.md §8, §4).
 
     ``corpus``: ``"stdlib"`` (the Python standard library's source, the default), a text file,
-    or a folder in the WikiText layout (``train.txt``, ``valid.txt``, ``test.txt``).
+    a folder in the WikiText layout (``train.txt``, ``valid.txt``, ``test.txt``), or a short
+    name fetched by Hugging Face ``datasets`` (``wikitext-2``, ``wikitext-103``, their ``-raw``
+    forms: :data:`autoln.data.HF_CORPORA`; an existing path of that name wins).
     ``valid_fraction``/``test_fraction``: tail shares of a single-file corpus (cut at line ends).
     ``arch_fraction``: share of the training split's chunks that form D_alpha (the rest is D_w).
     ``chunk_tokens``: size of those chunks, in tokens; every window lies inside one chunk.
@@ -73,7 +75,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """Decoder-only Transformer dimensions and the search space (DESIGN §2-3).
+    """Decoder-only Transformer dimensions and the search space (docs/design.md §2-3).
 
     ``n_layers`` blocks of width ``d_model`` with ``n_heads`` heads and FFN width ``d_ff``;
     ``context`` tokens per window; ``norm`` is the norm type used by every placement and the
@@ -209,7 +211,7 @@ SELECTIONS = ("argmax", "perturbation")
 
 @dataclass
 class SearchConfig(TrainConfig):
-    """Bilevel search settings (DESIGN §4): weight settings from :class:`TrainConfig`, plus
+    """Bilevel search settings (docs/design.md §4): weight settings from :class:`TrainConfig`, plus
 
     - the architecture optimizer (Adam with DARTS' ``arch_betas`` (0.5, 0.999),
       ``arch_weight_decay`` 1e-3 and init ``arch_init_std * randn``; ``arch_lr`` 1e-2 instead of
@@ -333,7 +335,7 @@ def _default_space() -> dict[str, dict]:
 
 @dataclass
 class TuneConfig:
-    """The Optuna outer loop of ``search.py --tune`` (DESIGN §5).
+    """The Optuna outer loop of ``search.py --tune`` (docs/design.md §5).
 
     - ``n_trials``: cap on the study's finished trials (complete, pruned or failed by their
       own error), across every worker and machine; trials lost with a killed worker do not

@@ -1,9 +1,12 @@
-"""Corpora, tokenisers, splits and batch sampling (DESIGN §8, §4 "Data").
+"""Corpora, tokenisers, splits and batch sampling (docs/design.md §8, §4).
 
 - Corpus: ``stdlib`` (the Python standard library's ``*.py`` sources, sorted by relative path,
   read as bytes; needs no download), a single text file (the last ``test_fraction`` is test,
-  the ``valid_fraction`` before it valid, both cut at line ends), or a folder in the WikiText
-  layout (``train.txt``, ``valid.txt``, ``test.txt``).
+  the ``valid_fraction`` before it valid, both cut at line ends), a folder in the WikiText
+  layout (``train.txt``, ``valid.txt``, ``test.txt``), or a WikiText short name of
+  :data:`HF_CORPORA` (``wikitext-2`` ...), fetched by Hugging Face ``datasets`` (the optional
+  extra ``autoln[hf]``) into its own cache, and read from that cache when offline. An existing
+  path always wins over a short name.
 - Tokenisers: ``bytes`` (vocabulary 256), ``chars`` (the training split's characters, plus
   ``<unk>`` if valid/test hold others), ``words`` (WikiText-style: whitespace split, ``<eos>``
   after every line, vocabulary from the training split in first-seen order, unseen words ->
@@ -37,8 +40,21 @@ SPLITS = ("train", "valid", "test")
 CACHE_VERSION = 1
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 #: The headline metric per tokeniser: bits per byte for bytes, bits per character for
-#: characters, perplexity for words (DESIGN §8).
+#: characters, perplexity for words (docs/design.md §8).
 HEADLINE = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity"}
+#: The headline metric's unit as progress bars and messages show it.
+UNITS = {"bits_per_byte": "bits/byte", "bits_per_char": "bits/char", "perplexity": "perplexity"}
+#: ``data.corpus`` short names -> (Hugging Face dataset, config). The ``-v1`` configs are the
+#: tokenised WikiText of Merity et al. 2016 (rare words as ``<unk>``), the same files as the
+#: usual ``wikitext-2/{train,valid,test}.txt``; ``-raw`` the untokenised text.
+HF_CORPORA = {
+    "wikitext-2": ("Salesforce/wikitext", "wikitext-2-v1"),
+    "wikitext-2-raw": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
+    "wikitext-103": ("Salesforce/wikitext", "wikitext-103-v1"),
+    "wikitext-103-raw": ("Salesforce/wikitext", "wikitext-103-raw-v1"),
+}
+#: Hugging Face's split name of each of ours.
+HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 
 @dataclass
@@ -103,6 +119,8 @@ def read_splits(cfg: DataConfig) -> tuple[dict[str, bytes], dict[str, str]]:
         blob = b"".join(p.read_bytes() for p in files)
         return _cut(blob, cfg, "the Python standard library"), {s: f"stdlib ({len(files)} files)" for s in SPLITS}
     path = Path(cfg.corpus).expanduser()
+    if cfg.corpus in HF_CORPORA and not path.exists():
+        return read_hf(cfg.corpus)
     if path.is_dir():
         out, src = {}, {}
         for split in SPLITS:
@@ -113,8 +131,38 @@ def read_splits(cfg: DataConfig) -> tuple[dict[str, bytes], dict[str, str]]:
             src[split] = str(f)
         return out, src
     if not path.exists():
-        raise DataError(f"data.corpus: {cfg.corpus} does not exist (expected 'stdlib', a text file or a WikiText-layout folder)")
+        raise DataError(f"data.corpus: {cfg.corpus} does not exist (expected 'stdlib', a text file, a WikiText-layout folder "
+                        f"or one of {', '.join(HF_CORPORA)})")
     return _cut(_read(path), cfg, str(path)), {s: f"{path} ({s} part)" for s in SPLITS}
+
+
+def read_hf(name: str) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The three splits of the short name ``name`` (:data:`HF_CORPORA`) through Hugging Face
+    ``datasets.load_dataset``: each split's rows (one line of the original file each) joined
+    into that file's bytes (UTF-8, one ``\n`` per row). ``datasets`` keeps its own cache
+    (``HF_HOME``); with ``HF_DATASETS_OFFLINE=1`` it reads only that cache.
+
+    Raises:
+        DataError: ``datasets`` is not installed (naming the ``pip install`` to run), or the
+            dataset could not be fetched or read (no internet and not in the cache).
+    """
+    repo, config = HF_CORPORA[name]
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"data.corpus={name} needs the optional Hugging Face datasets library: pip install 'autoln[hf]' "
+                        f"(or pass a folder holding train.txt, valid.txt and test.txt)") from None
+    try:
+        ds = datasets.load_dataset(repo, config)
+    except Exception as exc:  # network, cache, hub errors: one line naming what to do
+        raise DataError(f"data.corpus={name}: could not load {repo} ({config}) with Hugging Face datasets "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); on a machine without internet it must already be in "
+                        f"the datasets cache (HF_HOME), or pass a WikiText-layout folder") from None
+    out = {}
+    for split, hf_split in HF_SPLITS.items():
+        rows = ds[hf_split]["text"]
+        out[split] = "".join(t if t.endswith("\n") else t + "\n" for t in rows).encode("utf-8")
+    return out, {s: f"{repo} {config} ({HF_SPLITS[s]})" for s in SPLITS}
 
 
 def _read(path: Path) -> bytes:
@@ -341,7 +389,7 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, context: int, batch_siz
 
 
 def metrics_from_loss(loss_nats: float, tokenizer: str) -> dict[str, float]:
-    """Report a mean cross-entropy (nats per token) in the units of DESIGN §8.
+    """Report a mean cross-entropy (nats per token) in the units of docs/design.md §8.
 
     Returns ``loss`` (nats/token), ``perplexity`` (``exp(loss)``), and ``bits_per_byte``
     (bytes) or ``bits_per_char`` (chars), both ``loss / ln 2``.

@@ -1,4 +1,4 @@
-"""The diagnostics the layer-norm papers use to explain stability (DESIGN §7), for a derived
+"""The diagnostics the layer-norm papers use to explain stability (docs/design.md §7), for a derived
 model (:class:`autoln.model.TransformerLM`) on one fixed batch.
 
 - :func:`grad_norms`: per block, the gradient's Frobenius norm of the attention out-projection

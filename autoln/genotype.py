@@ -1,4 +1,4 @@
-"""The genotype: the chosen placement per site, as one self-describing JSON file (DESIGN §6).
+"""The genotype: the chosen placement per site, as one self-describing JSON file (docs/design.md §6).
 
 Fields: ``format`` ("autoln.genotype"), ``version`` (1), ``candidates`` (ordered candidate
 names of the search), ``granularity`` ("layer" | "sublayer"), ``placements`` (one entry per
@@ -87,7 +87,7 @@ class Genotype:
         return " ".join(p if isinstance(p, str) else f"{p['attn']}/{p['ffn']}" for p in self.placements)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of DESIGN §6."""
+        """The JSON object of docs/design.md §6."""
         return {
             "format": FORMAT, "version": VERSION, "candidates": list(self.candidates),
             "granularity": self.granularity, "placements": self.placements,
@@ -118,7 +118,7 @@ class Genotype:
 
     @classmethod
     def from_dict(cls, obj: Any, source: str = "genotype") -> "Genotype":
-        """Validate a genotype object (DESIGN §6) and build a :class:`Genotype`.
+        """Validate a genotype object (docs/design.md §6) and build a :class:`Genotype`.
 
         Rejects, naming the field: a non-object, missing or unknown fields, wrong format or
         version, unknown or duplicate candidates, a bad granularity, model dimensions that are

@@ -1,4 +1,4 @@
-"""Mixing functions: how a site's alphas become the weights of its candidates (DESIGN §3-4).
+"""Mixing functions: how a site's alphas become the weights of its candidates (docs/design.md §3-4).
 
 Each entry of :data:`MIXINGS` maps ``alphas (n_sites, K)``, a temperature ``tau`` and
 optional Gumbel noise ``g (n_sites, K)`` to mixing weights ``(n_sites, K)``. With ``g`` (drawn

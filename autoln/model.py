@@ -1,4 +1,4 @@
-"""The Transformer language model, shared by the supernet and the derived model (DESIGN §2-3).
+"""The Transformer language model, shared by the supernet and the derived model (docs/design.md §2-3).
 
 In dependency order: the two sublayer branches (:class:`CausalSelfAttention`,
 :class:`FFN`, no norm inside), a :class:`Site` that wraps one branch with one or more
@@ -124,7 +124,7 @@ class FFN(nn.Module):
 
 
 class Site(nn.Module):
-    """One sublayer site: a branch wrapped by one or several candidate placements (DESIGN §3).
+    """One sublayer site: a branch wrapped by one or several candidate placements (docs/design.md §3).
 
     With one candidate it is the derived model's sublayer. With several it is the supernet's
     mixed sublayer ``sum_k w_k * y_k(x)``, evaluating the branch once per *distinct branch
@@ -208,7 +208,7 @@ class Block(nn.Module):
 
 class TransformerLM(nn.Module):
     """Decoder-only language model: token + learned position embeddings, ``n_layers`` blocks,
-    a final norm (DESIGN §2: every model ends with one), and an LM head tied to the token
+    a final norm (docs/design.md §2: every model ends with one), and an LM head tied to the token
     embedding, with a bias when ``cfg.output_bias == "unigram"`` (zeros until
     :meth:`init_output_bias` sets it to the training split's log unigram frequencies).
 
@@ -216,7 +216,7 @@ class TransformerLM(nn.Module):
     at each site with a single placement, the branch's residual-path weights (attention value
     and output, FFN fc1 and fc2) are multiplied by that placement's ``init_gain()`` — DeepNorm's
     ``b`` (Wang et al. 2022; Transformer-Clinic's ``xavier_normal_(gain=b)``), 1 otherwise.
-    Supernet sites (several candidates) keep gain 1: their branch is shared (DESIGN §3).
+    Supernet sites (several candidates) keep gain 1: their branch is shared (docs/design.md §3).
 
     Args:
         cfg: model dimensions (``cfg.candidates``/``granularity`` are not read here).

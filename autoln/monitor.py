@@ -1,4 +1,4 @@
-"""Collapse monitor (DESIGN §4; issue "options against collapse"): at each evaluation, the
+"""Collapse monitor (docs/design.md §4, "options against collapse"): at each evaluation, the
 largest eigenvalue of the Hessian of the alpha loss w.r.t. the alphas (exact: there are only
 ``n_sites * K`` alphas), each site's entropy, and whether the genotype changed; plus the
 R-DARTS early-stopping rule (Zela et al. 2020, "Understanding and Robustifying DARTS").

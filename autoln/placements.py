@@ -1,4 +1,4 @@
-"""The search space: where a sublayer's norm goes (DESIGN §2).
+"""The search space: where a sublayer's norm goes (docs/design.md §2).
 
 A *placement* wraps a sublayer branch ``F`` (causal self-attention or FFN) with its norms and
 residual connection. Each placement is one class registered in :data:`PLACEMENTS`; adding a
@@ -20,7 +20,7 @@ All tensors are ``(batch, time, d_model)`` floats.
 from __future__ import annotations
 
 import abc
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +80,7 @@ def scaled_norm(norm: nn.Module, z: torch.Tensor, scale: torch.Tensor) -> torch.
 
 
 def deepnorm_constants(n_layers: int, architecture: str = "decoder", n_decoder_layers: int | None = None) -> tuple[float, float]:
-    """DeepNorm's residual scale ``a`` and init gain ``b`` (Wang et al. 2022, Table 1; DESIGN §2).
+    """DeepNorm's residual scale ``a`` and init gain ``b`` (Wang et al. 2022, Table 1; docs/design.md §2).
 
     Args:
         n_layers: ``N``, the number of blocks (for ``"enc-dec-encoder"`` the encoder's).
@@ -163,7 +163,7 @@ class Placement(nn.Module, abc.ABC):
         return 1.0
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """One term of the supernet's mixture (DESIGN §3): ``acc + weight * output(x, fx)``
+        """One term of the supernet's mixture (docs/design.md §3): ``acc + weight * output(x, fx)``
         ``(B, T, d_model)``, or ``weight * output(x, fx)`` when ``acc`` is None; ``weight`` is
         this candidate's scalar mixing weight (a 0-d tensor)."""
         y = self.output(x, fx)
@@ -340,3 +340,21 @@ def build_placement(name: str, d_model: int, n_layers: int, norm: str, layer: in
     """
     base, affine = parse_name(name)
     return PLACEMENTS[base](d_model, n_layers, norm, layer, affine)
+
+
+def branch_calls(names: Sequence[str]) -> int:
+    """Branch calls per site of a supernet over candidate ``names``: one per distinct branch
+    input (docs/design.md §2-3): one for all ``raw`` candidates, one per gain form for the
+    ``norm`` ones (``pre``, ``peri``), one each for ``own`` (``lns``). Equals
+    ``len(Site(names, ...).input_groups())``; e.g. 2 for ``pre, post, deepnorm``, 3 for the
+    seven base names.
+
+    Raises:
+        KeyError: an unknown candidate name.
+    """
+    keys = set()
+    for i, name in enumerate(names):
+        base, affine = parse_name(name)
+        kind = PLACEMENTS[base].input
+        keys.add("raw" if kind == "raw" else ("norm", affine) if kind == "norm" else ("own", i))
+    return len(keys)

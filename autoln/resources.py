@@ -10,10 +10,12 @@ The estimate counts what a training step cannot do without, in fp32 (4 bytes):
   the FFN's two hidden tensors), plus the ``n_heads * T`` attention probabilities with
   attention dropout (:class:`autoln.model.CausalSelfAttention` then computes them explicitly), and
   ``3 V`` for the logits, their softmax and its gradient. The supernet calls each branch
-  twice per site (raw and normed input, :class:`autoln.model.Site`), the derived model once.
+  once per distinct branch input of its candidates (:func:`autoln.placements.branch_calls`:
+  2 for ``pre, post, deepnorm``, 3 for all seven placements), the derived model once.
 
 The real footprint is larger (allocator slack, temporaries, the evaluation batch), so a run this
-check refuses could not have run; one it admits may still fail, and then
+check refuses could not have run, and one whose bound exceeds half the free memory gets a
+warning (:data:`WARN_FRACTION`); one it admits may still fail, and then
 :func:`is_out_of_memory` lets the command line report it as one line (exit status 4) while the
 run folder keeps its last checkpoint.
 """
@@ -21,15 +23,21 @@ run folder keeps its last checkpoint.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from . import distributed
 from .config import ModelConfig
 from .errors import ConfigError
+from .placements import branch_calls
 
 GIB = 2**30
+#: :func:`check_fits` warns when the lower bound exceeds this fraction of the free memory: the
+#: real footprint is larger than the bound (on CPU, about twice it at the default size).
+WARN_FRACTION = 0.5
 
 
 def parameter_count(mc: ModelConfig, vocab_size: int) -> int:
@@ -59,7 +67,7 @@ def estimate(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool) 
     """The lower bound of the module docstring for a step on ``batch_rows`` windows of
     ``mc.context`` tokens (this process' rows under ``torchrun``)."""
     p = parameter_count(mc, vocab_size)
-    calls = 2 if supernet else 1
+    calls = branch_calls(mc.searched_candidates()) if supernet else 1
     attention = mc.n_heads * mc.context if mc.dropout > 0 else 0  # SDPA's fused kernels keep no T x T matrix
     per_token = mc.n_layers * calls * (6 * mc.d_model + 2 * mc.d_ff + attention) + 3 * vocab_size
     return Estimate(parameters=p, state=16 * p, activations=4 * batch_rows * mc.context * per_token)
@@ -87,7 +95,9 @@ def free_memory(device: torch.device) -> Optional[int]:
 def check_fits(mc: ModelConfig, vocab_size: int, batch_rows: int, device: torch.device, supernet: bool,
                section: str, free: Optional[int] = None) -> Estimate:
     """Refuse a run whose lower-bound estimate exceeds the memory free on ``device``
-    (``free`` bytes if given, else :func:`free_memory`). Returns the estimate.
+    (``free`` bytes if given, else :func:`free_memory`), and print a one-line warning to stderr
+    (main process) when it exceeds :data:`WARN_FRACTION` of it.
+    Returns the estimate.
 
     Raises:
         ConfigError: naming the model keys, ``<section>.batch_size`` and both figures in GiB.
@@ -101,6 +111,11 @@ def check_fits(mc: ModelConfig, vocab_size: int, batch_rows: int, device: torch.
             f"gradients and AdamW moments: {est.state / GIB:,.1f} GiB; activations of {batch_rows} x {mc.context} tokens: "
             f"{est.activations / GIB:,.1f} GiB) but {free / GIB:,.1f} GiB are free; lower model.d_model ({mc.d_model}), "
             f"model.n_layers ({mc.n_layers}), model.d_ff ({mc.d_ff}), model.context ({mc.context}) or {section}.batch_size")
+    if free is not None and est.total > WARN_FRACTION * free:
+        distributed.print_main(
+            f"warning: the {'supernet' if supernet else 'model'} needs at least {est.total / GIB:,.1f} GiB per step on {device.type} "
+            f"(a lower bound; the real need is larger) and {free / GIB:,.1f} GiB are free: the run may run out of memory or "
+            f"swap; lower model.context ({mc.context}) or {section}.batch_size if it stalls", file=sys.stderr)
     return est
 
 

@@ -1,4 +1,4 @@
-"""The retrain job: build the derived model of a genotype and train it from scratch (DESIGN §1.4).
+"""The retrain job: build the derived model of a genotype and train it from scratch (docs/design.md §1).
 
 The derived model trains on the whole training split (D_w and D_alpha together), with AdamW,
 warm-up + cosine decay and gradient clipping; it is evaluated on the valid split every
@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .config import Config
-from .data import HEADLINE, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
+from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError, GenotypeError
@@ -197,9 +197,9 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     sites = site_names(mc.n_layers, genotype.granularity)
     if not start:
         log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
-        probs = genotype.site_probabilities()
-        log.alphas(probs, sites, genotype.candidates, 0)
-        log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n" + genotype_markdown(probs, sites, genotype.candidates))
+        # a retrain has no alphas: its genotype (with the search's probabilities, if any) is text only
+        log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n"
+                 + genotype_markdown(genotype.site_probabilities(), sites, genotype.candidates))
         log_diagnostics(log, state["diag_init"], 0)
     headline = HEADLINE[cfg.data.tokenizer]
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
@@ -217,7 +217,9 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                                     "wall_time_s": state["wall_time_s"] + time.perf_counter() - session}})
 
     show = cfg.logging.progress and main
-    bar = tqdm(range(start + 1, rc.steps + 1), desc="retrain", disable=not show, dynamic_ncols=True, initial=start, total=rc.steps)
+    bar = tqdm(range(start + 1, rc.steps + 1), desc="retrain", unit="step", disable=not show, dynamic_ncols=True, initial=start,
+               total=rc.steps)
+    unit = UNITS[headline]
     try:
         with StopSignals() as signals:
             for step in bar:
@@ -244,8 +246,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                 if evaluation and on_eval is not None:
                     on_eval(step, state["valid_metrics"])
                 if show:
-                    shown = f"{state['valid_metrics'][headline]:.3f}" if state["valid_metrics"] else "-"
-                    bar.set_postfix_str(f"loss {loss_v:.3f} valid {shown}")
+                    shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
+                    bar.set_postfix_str(f"train loss {loss_v:.3f} nats/token, valid {shown} ({len(valid_starts)} windows)")
     except BaseException:
         bar.close()
         log.close()
@@ -254,9 +256,15 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     history, diag_history, diag_init = state["history"], state["diag_history"], state["diag_init"]
 
     final = {}
+    distributed.print_main(f"final evaluation: {rc.final_eval_windows or 'all'} windows of valid and of test "
+                           f"(retrain.final_eval_windows; the evaluations during training use retrain.eval_windows={rc.eval_windows})",
+                           file=sys.stderr)
     for split, tokens in (("valid", valid), ("test", test)):
         starts = eval_starts(len(tokens), mc.context, rc.final_eval_windows)
-        final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device), cfg.data.tokenizer)
+        # more windows than the evaluations during training (retrain.eval_windows): the final figure
+        progress = f"final {split} ({len(starts)} windows)" if show else None
+        final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device, progress=progress),
+                                         cfg.data.tokenizer)
         final[split]["windows"] = int(len(starts))
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
     wall = state["wall_time_s"] + time.perf_counter() - session

@@ -1,4 +1,4 @@
-"""The search job: train the supernet bilevel (DESIGN §4) and export the genotype (DESIGN §6).
+"""The search job: train the supernet bilevel (docs/design.md §4) and export the genotype (docs/design.md §6).
 
 Each step takes one alpha step on a D_alpha batch (:class:`autoln.architect.Architect`), then
 one weight step on a D_w batch (DARTS Alg. 1 order). Every ``search.eval_every`` steps and at
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
-from .data import HEADLINE, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
+from .data import HEADLINE, UNITS, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError
 from .genotype import Genotype, from_probabilities, nest_sites
@@ -115,7 +115,7 @@ def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed:
     ``step``. ``loss`` and ``tune`` as there."""
     n_sites = len(model.site_names)
     order = [int(i) for i in np.random.default_rng([seed, 6]).permutation(n_sites)]
-    bar = tqdm(total=n_sites, desc="selection", disable=not show, dynamic_ncols=True)
+    bar = tqdm(total=n_sites, desc="perturbation selection", unit="site", disable=not show, dynamic_ncols=True)
 
     def tune_and_count() -> None:
         bar.update(1)
@@ -225,9 +225,11 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         set_rng_state(ckpt["rng"])
         model.tau = temperature(sc, start)  # what the checkpointed step used (the selection after the last step uses it)
     log = Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None)
+    log.layout(model.site_names, model.candidates)  # the layout is no event of a step: purge_step keeps it on resume
     if not start:
         log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
         log.text("data", corpus.describe())
+        log.alphas(model.probabilities(), model.site_names, model.candidates, 0, image=True)
     headline = HEADLINE[cfg.data.tokenizer]
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
@@ -248,7 +250,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
 
     show = cfg.logging.progress and main
     todo = range(start + 1, sc.steps + 1) if state["stopped_at"] is None else range(0)  # an early stop's checkpoint: done
-    bar = tqdm(todo, desc="search", disable=not show, dynamic_ncols=True, initial=start, total=sc.steps)
+    bar = tqdm(todo, desc="search", unit="step", disable=not show, dynamic_ncols=True, initial=start, total=sc.steps)
     try:
         with StopSignals() as signals:
             for step in bar:
@@ -271,13 +273,13 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
                     log.scalar("search/tau", model.tau, step)
                 evaluation = step % sc.eval_every == 0 or step == sc.steps
+                if step % cfg.logging.log_every == 0 or evaluation:
+                    log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
                 if evaluation:
                     valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
                     state["valid_metrics"] = valid_metrics
                     log.scalars(valid_metrics, step, "valid")
-                    probs = model.probabilities()
-                    log.alphas(probs, model.site_names, model.candidates, step)
-                    log.text("genotype", genotype_markdown(probs, model.site_names, model.candidates), step)
+                    log.text("genotype", genotype_markdown(model.probabilities(), model.site_names, model.candidates), step)
                     state["record"] = monitor_step(monitor, model, monitor_batch, log, step)
                     log.flush()
                     if sc.early_stop == "hessian" and state["record"].get("stop"):
@@ -292,8 +294,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
                     on_eval(step, state["valid_metrics"])
                 if show:
                     names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-                    shown = f"{state['valid_metrics'][headline]:.3f}" if state["valid_metrics"] else "-"
-                    bar.set_postfix_str(f"loss {loss_w:.3f} valid {shown} [{' '.join(names)}]")
+                    shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
+                    bar.set_postfix_str(f"train loss {loss_w:.3f} nats/token, supernet valid {shown} [{' '.join(names)}]")
     except BaseException:
         bar.close()
         log.close()
@@ -336,7 +338,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
         log.scalars(selected_valid, sc.steps, "valid_selected")
         # the alphas went on training during the fine-tuning: log where they ended, after it
-        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0])
+        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0], image=True)
 
     probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session

@@ -1,4 +1,4 @@
-"""The supernet: every site mixes all candidate placements with ``softmax(alpha / tau)`` (DESIGN §3).
+"""The supernet: every site mixes all candidate placements with ``softmax(alpha / tau)`` (docs/design.md §3).
 
 Architecture parameters (alphas) are one registered parameter ``alphas`` of shape
 ``(n_sites, K)``: ``n_sites = n_layers`` for ``granularity: layer`` (both sublayers of a

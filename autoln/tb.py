@@ -1,8 +1,12 @@
-"""TensorBoard logging: scalars, the alpha matrix as scalars and as an image, text.
+"""TensorBoard logging: scalars, the mixing probabilities as scalars and as an image, text.
 
-Tags written (both scripts): ``train/loss``, ``valid/loss``, ``valid/<headline metric>``,
-``lr/weights`` (and ``lr/alphas`` in search), ``alpha/<site>/<candidate>``, the image
-``alphas`` (sites x candidates heat map), and the texts ``genotype`` and ``config``.
+Tags written by both scripts: ``train/loss``, ``valid/loss``, ``valid/<headline metric>``,
+``lr/weights``, and the texts ``genotype`` and ``config``. The search adds ``lr/alphas`` and
+the architecture's mixing probabilities: ``alpha/<site>/<candidate>`` from step 0 every
+``logging.log_every`` steps, drawn as one multi-line chart per site (the *Custom Scalars*
+dashboard, :meth:`Logger.layout`), and the image ``alphas``, a sites x candidates heat map at
+each evaluation. A retrain has no alphas: it writes none of these, and gives its genotype as
+text.
 """
 
 from __future__ import annotations
@@ -46,15 +50,24 @@ class Logger:
         if self.writer:
             self.writer.add_text(tag, text, step)
 
-    def alphas(self, probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], step: int) -> None:
+    def layout(self, sites: Sequence[str], candidates: Sequence[str]) -> None:
+        """The Custom Scalars layout: one chart per site (category ``mixing probabilities``)
+        with one line per candidate, tags ``alpha/<site>/<candidate>`` on a shared y-axis."""
+        if self.writer:
+            charts = {site: ["Multiline", [f"alpha/{site}/{c}" for c in candidates]] for site in sites}
+            self.writer.add_custom_scalars({"mixing probabilities (per site)": charts})
+
+    def alphas(self, probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], step: int,
+               image: bool = False) -> None:
         """The mixing probabilities ``(n_sites, K)``: one scalar ``alpha/<site>/<candidate>``
-        each and a heat-map image ``alphas``."""
+        each, and with ``image`` the heat map ``alphas`` (:func:`alpha_figure`)."""
         if not self.writer:
             return
         for i, site in enumerate(sites):
             for k, cand in enumerate(candidates):
                 self.writer.add_scalar(f"alpha/{site}/{cand}", float(probs[i, k]), step)
-        self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}"), step)
+        if image:
+            self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}"), step)
 
     def figure(self, tag: str, fig, step: int) -> None:
         """A matplotlib figure as an image (the figure stays open for the caller)."""
@@ -72,23 +85,31 @@ class Logger:
             self.writer.close()
 
 
+def heat_scale(probs: np.ndarray) -> float:
+    """Half-width of :func:`alpha_figure`'s colour scale: the largest ``|p - 1/K|`` of the
+    ``(n_sites, K)`` matrix (at least 1e-3), so that a near-uniform matrix still shows its
+    differences instead of one flat colour."""
+    return max(float(np.abs(probs - 1.0 / probs.shape[1]).max()), 1e-3)
+
+
 def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], title: Optional[str] = None):
-    """A matplotlib figure of the ``(n_sites, K)`` probability matrix, values annotated."""
+    """A matplotlib heat map of the ``(n_sites, K)`` probability matrix: the colour is the
+    difference from uniform ``p - 1/K`` on a diverging scale of half-width :func:`heat_scale`
+    (red above uniform, blue below), each cell annotated with ``p`` at three decimals."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(candidates), 0.8 + 0.32 * len(sites)))
-    im = ax.imshow(probs, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    half = heat_scale(probs)
+    fig, ax = plt.subplots(figsize=(1.4 + 1.1 * len(candidates), 0.9 + 0.32 * len(sites)))
+    im = ax.imshow(probs - 1.0 / probs.shape[1], vmin=-half, vmax=half, cmap="RdBu_r", aspect="auto")
     ax.set_xticks(range(len(candidates)), candidates)
     ax.set_yticks(range(len(sites)), sites)
     for i in range(probs.shape[0]):
         for k in range(probs.shape[1]):
-            ax.text(k, i, f"{probs[i, k]:.2f}", ha="center", va="center", fontsize=7,
-                    color="black" if probs[i, k] > 0.6 else "white")
-    if title:
-        ax.set_title(title, fontsize=9)
+            ax.text(k, i, f"{probs[i, k]:.3f}", ha="center", va="center", fontsize=7)
+    ax.set_title(f"{title + ': ' if title else ''}probability (colour: minus uniform 1/{probs.shape[1]})", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.05)
     fig.tight_layout()
     return fig

@@ -17,6 +17,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from . import distributed
 from .config import TrainConfig
@@ -152,18 +153,23 @@ def on_cuda(param: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
-             mix: Optional[torch.Tensor] = None) -> float:
+             mix: Optional[torch.Tensor] = None, progress: Optional[str] = None) -> float:
     """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
 
     ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's ``(n_layers, 2, K)``
     mixing weights, is given) must return ``(logits, loss)``. The model is put in eval mode and back.
     Under ``torchrun`` each process evaluates every N-th window and the sums are added up, so
-    every process returns the same mean.
+    every process returns the same mean. ``progress``: a tqdm bar with that description (batches,
+    rate and time left), on the main process.
     """
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for x, y in eval_batches(tokens, starts[distributed.rank()::distributed.world_size()], context, batch_size):
+    mine = starts[distributed.rank()::distributed.world_size()]
+    batches = eval_batches(tokens, mine, context, batch_size)
+    if progress is not None and distributed.is_main():
+        batches = tqdm(batches, desc=progress, total=math.ceil(len(mine) / batch_size), unit="batch", dynamic_ncols=True, leave=False)
+    for x, y in batches:
         _, loss = model(x.to(device), y.to(device)) if mix is None else model(x.to(device), y.to(device), mix=mix)
         total += loss.item() * y.numel()
         count += y.numel()

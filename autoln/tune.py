@@ -1,4 +1,4 @@
-"""The outer loop (DESIGN §5): an Optuna study whose trials are searches with suggested
+"""The outer loop (docs/design.md §5): an Optuna study whose trials are searches with suggested
 hyperparameters, scored by how good their *derived* genotype is.
 
 A trial: suggest every ``tune.space`` entry, run :func:`autoln.run_search.run_search` in

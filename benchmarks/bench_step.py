@@ -1,6 +1,6 @@
 """Cost of the supernet against the derived model it stands for: time, throughput, memory, FLOPs.
 
-The floor (issue 6): at a site the candidates need only two distinct branch inputs (``LN(x)``
+The floor (docs/design.md §3): at a site the candidates need only two distinct branch inputs (``LN(x)``
 for Pre-LN, ``x`` for Post-LN and DeepNorm), so a supernet forward/backward costs about 2x the
 derived model's and a first-order search iteration (alpha step + weight step) about 4x. A naive
 supernet that calls the branch once per candidate costs about 3x and 6x.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path in one go (issue 6), under 5 minutes on one recent GPU:
+# The GPU path in one go, under 5 minutes on one recent GPU:
 #   1. bench_step.py at configs/gpu.yaml's size (12 blocks, width 512, context 512, batch 32),
 #      eager: ms/step, tokens/s, peak memory and model FLOPs utilisation (MFU) of the derived
 #      model, the supernet's weight step and a first-order search iteration;

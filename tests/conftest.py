@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny model configs, the shared corpora (skipped when absent)."""
+"""Fixtures: tiny model configs, the developers' corpora (skipped when absent)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import torch
 from autoln.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The developers' copy of the real corpora (WikiText-2, tiny Shakespeare), beside the
+#: repository in CI and dev checkouts; a user's clone has none, and the tests using it skip.
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def shared_path(*parts: str) -> Path:
-    """A file or folder under ../shared/data, or skip the test with the reason."""
+    """A file or folder under :data:`SHARED_DATA`, or skip the test with the reason."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"{path} not found: the shared corpora sit beside the repository in CI and dev checkouts, not in a fresh clone")

@@ -36,6 +36,16 @@ def event_tags(folder: Path) -> dict:
     return acc
 
 
+def custom_scalar_charts(acc) -> dict[str, list[str]]:
+    """The Custom Scalars layout of a run: chart title -> its tags (multiline charts)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+
+    if metadata.CONFIG_SUMMARY_TAG not in acc.Tags()["tensors"]:
+        return {}
+    layout = layout_pb2.Layout.FromString(acc.Tensors(metadata.CONFIG_SUMMARY_TAG)[-1].tensor_proto.string_val[0])
+    return {chart.title: list(chart.multiline.tag) for cat in layout.category for chart in cat.chart}
+
+
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
@@ -64,6 +74,12 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert [e.step for e in acc.Scalars("valid/bits_per_byte")] == [50, 100]
     probs = [acc.Scalars(f"alpha/block{i}/{c}")[-1].value for i in range(2) for c in g.candidates]
     assert probs == pytest.approx([p for row in g.probabilities for p in row], abs=1e-6)
+    # the probabilities from step 0 every logging.log_every (5) steps, and one chart per site
+    # with every candidate in the Custom Scalars layout
+    steps = [e.step for e in acc.Scalars("alpha/block1/post")]
+    assert steps[:21] == list(range(0, 101, 5)) and all(s > 100 for s in steps[21:])
+    assert [e.value for e in acc.Scalars("alpha/block0/pre")][0] == pytest.approx(1 / 3, abs=0.01)
+    assert custom_scalar_charts(acc) == {f"block{i}": [f"alpha/block{i}/{c}" for c in ("pre", "post", "deepnorm")] for i in range(2)}
     # perturbation-based selection (the default): each site's choice is its largest loss rise,
     # recorded in the provenance and in TensorBoard
     sel = g.provenance["selection"]
@@ -84,8 +100,10 @@ def test_retrain_reports_bits_per_byte(searched):
     assert m["steps"] == 150 and m["valid"]["windows"] == 32
     assert f"bits_per_byte {m['valid']['bits_per_byte']:.4f}" in proc.stdout
     acc = event_tags(out)
-    assert {"train/loss", "valid/bits_per_byte", "lr/weights", "alpha/block0/" + m["placements"].split()[0]} <= set(acc.Tags()["scalars"])
-    assert "alphas" in acc.Tags()["images"]
+    assert {"train/loss", "valid/bits_per_byte", "lr/weights"} <= set(acc.Tags()["scalars"])
+    # a retrain has no alphas: nothing lands in the search's alpha charts; its genotype is text
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith("alpha/")] and not acc.Tags()["images"]
+    assert "genotype/text_summary" in acc.Tags()["tensors"] and not custom_scalar_charts(acc)
     # a finished run folder is refused without --overwrite, and left untouched
     before = (out / "metrics.json").read_bytes()
     proc = run("retrain.py", "--genotype", "all-pre", "--config", TINY, "--out", str(out), cache=cache, check=False)

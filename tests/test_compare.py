@@ -7,12 +7,15 @@ import csv
 import json
 import os
 import statistics
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
-from autoln.cli import DEFAULT_BASELINES
+from autoln import cli
+from autoln.cli import CONFIG_SECTIONS, DEFAULT_BASELINES
+from autoln.config import Config
 from autoln.genotype import BASELINES, Genotype
 
 from .conftest import ROOT
@@ -34,8 +37,15 @@ def cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("compare-cache"))
 
 
-def test_default_baselines_are_the_registry():
+def test_default_baselines_are_the_registry_and_help_lists_them_and_every_section(capsys):
     assert DEFAULT_BASELINES.split(",") == list(BASELINES)
+    assert list(CONFIG_SECTIONS) == [f.name for f in dataclasses.fields(Config)]
+    for main in (cli.search_main, cli.retrain_main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"sections {', '.join(CONFIG_SECTIONS)})" in text
+    assert " | ".join(BASELINES) in text  # retrain.py --help
 
 
 def test_labels_are_unique_and_baselines_keep_their_names():

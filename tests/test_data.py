@@ -1,4 +1,7 @@
-"""Corpora, tokenisers, splits and samplers (DESIGN §8, §4 "Data")."""
+"""Corpora, tokenisers, splits and samplers (docs/design.md §8, §4)."""
+
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -128,3 +131,35 @@ def test_tiny_shakespeare_chars(cache_dir):
     c = load_corpus(DataConfig(corpus=str(f), tokenizer="chars", cache_dir=cache_dir))
     assert sum(len(v) for v in c.splits.values()) == 1_115_394
     assert c.vocab_size <= 66 and c.vocab[0] == "\n"
+
+
+def test_a_short_name_without_the_hf_extra_names_the_pip_install(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no folder called wikitext-2 here
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(DataError) as err:
+        load_corpus(DataConfig(corpus="wikitext-2", cache_dir=str(tmp_path / "c")))
+    assert "pip install 'autoln[hf]'" in str(err.value) and "data.corpus=wikitext-2" in str(err.value)
+
+
+def test_a_short_name_read_through_hf_datasets_is_the_wikitext_folder(monkeypatch, tmp_path):
+    """Hugging Face's ``wikitext-2-v1`` rows are the lines of the usual WikiText-2 files (36,718
+    train rows = lines of train.txt); joined, they must give the same corpus (same fingerprint,
+    same tokens) as the local folder. ``datasets`` is replaced by a stand-in serving those rows."""
+    folder = shared_path("wikitext-2")
+    calls = []
+
+    def load_dataset(repo, config):
+        calls.append((repo, config))
+        return {hf: {"text": (folder / f"{ours}.txt").read_text(encoding="utf-8").splitlines(keepends=True)}
+                for ours, hf in (("train", "train"), ("valid", "validation"), ("test", "test"))}
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.chdir(tmp_path)
+    hf = load_corpus(DataConfig(corpus="wikitext-2", cache_dir=str(tmp_path / "c")))
+    local = load_corpus(DataConfig(corpus=str(folder), cache_dir=str(tmp_path / "c")))
+    assert calls == [("Salesforce/wikitext", "wikitext-2-v1")]
+    assert hf.fingerprint == local.fingerprint and len(hf.splits["train"]) == 10_797_148
+    assert hf.sources["valid"] == "Salesforce/wikitext wikitext-2-v1 (validation)"
+    (tmp_path / "wikitext-2").mkdir()  # an existing path wins over the short name
+    with pytest.raises(DataError, match="missing split file"):
+        load_corpus(DataConfig(corpus="wikitext-2", cache_dir=str(tmp_path / "c")))

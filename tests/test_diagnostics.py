@@ -1,4 +1,4 @@
-"""Diagnostics on tiny hand-checkable cases (DESIGN §7)."""
+"""Diagnostics on tiny hand-checkable cases (docs/design.md §7)."""
 
 import math
 

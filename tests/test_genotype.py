@@ -1,4 +1,4 @@
-"""Genotype JSON: round trip, validation naming the field, baselines (DESIGN §6)."""
+"""Genotype JSON: round trip, validation naming the field, baselines (docs/design.md §6)."""
 
 import copy
 import json

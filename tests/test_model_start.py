@@ -1,4 +1,4 @@
-"""The model start (issue: a fair start for every placement): the LM head's bias starts at the
+"""The model start (docs/design.md §9: a fair start for every placement): the LM head's bias starts at the
 training split's log unigram frequencies, for every placement alike."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from autoln.placements import NORMS, PLACEMENTS, build_placement, deepnorm_const
 
 @pytest.mark.parametrize("n, a, b", [(6, 1.861, 0.380), (12, 2.213, 0.320)])
 def test_deepnorm_constants_match_design_table(n, a, b):
-    # DESIGN's worked values are rounded; N=12's b prints as 0.320 there but is 96^(-1/4) = 0.31947
+    # docs/design.md's worked values are rounded; N=12's b prints as 0.320 there but is 96^(-1/4) = 0.31947
     got_a, got_b = deepnorm_constants(n)
     assert got_a == pytest.approx(a, abs=6e-4) and got_b == pytest.approx(b, abs=6e-4)
     assert got_a == pytest.approx((2 * n) ** 0.25, rel=1e-12)

@@ -14,6 +14,7 @@ from autoln.config import ModelConfig
 from autoln.errors import ConfigError
 from autoln.genotype import baseline
 from autoln.model import build_derived
+from autoln.placements import branch_calls
 from autoln.resources import GIB, check_fits, estimate, is_out_of_memory, parameter_count
 from autoln.supernet import Supernet
 
@@ -93,3 +94,22 @@ def test_a_search_too_large_for_the_machine_is_refused(tmp_path, capsys, cache_d
     code = cli.search_main(["--config", TINY, "--set", "model.d_model=262144", "--set", "model.n_heads=1", "--out", str(tmp_path / "s")])
     err = capsys.readouterr().err
     assert code == 2 and "the supernet needs at least" in err and "search.batch_size" in err and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("candidates,calls", [(["pre", "post", "deepnorm"], 2), (["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"], 3),
+                                              (["post", "none"], 1), (["pre", "pre:fixed", "peri"], 2)])
+def test_supernet_estimate_counts_one_branch_call_per_distinct_input(candidates, calls):
+    mc = ModelConfig(candidates=candidates)
+    site = Supernet(mc, 256).blocks[0].attn_site
+    assert branch_calls(mc.searched_candidates()) == len(site.input_groups()) == calls
+    per_call = 6 * mc.d_model + 2 * mc.d_ff
+    assert estimate(mc, 256, 16, supernet=True).activations == 4 * 16 * 128 * (6 * calls * per_call + 3 * 256)
+
+
+def test_a_run_near_the_free_memory_gets_a_warning(capsys):
+    est = estimate(ModelConfig(), 256, 16, supernet=True)
+    check_fits(ModelConfig(), 256, 16, torch.device("cpu"), True, "search", free=int(est.total / 0.6))
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the supernet needs at least") and "search.batch_size" in err and "model.context (128)" in err
+    check_fits(ModelConfig(), 256, 16, torch.device("cpu"), True, "search", free=int(est.total / 0.4))
+    assert capsys.readouterr().err == ""

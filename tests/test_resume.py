@@ -1,6 +1,7 @@
 """Checkpoints and exact resume: a search and a retrain killed with SIGKILL at a random step and
 resumed end bitwise equal to uninterrupted runs; SIGTERM writes a checkpoint and exits 143;
-divergence stops (exit 3, last good checkpoint kept) or skips the batch, per on_divergence."""
+divergence stops (exit 3, last good checkpoint kept) or skips the batch, per on_divergence; a second
+SIGINT ends a run at once, even inside a long step."""
 
 from __future__ import annotations
 
@@ -251,3 +252,46 @@ def test_search_resumed_from_its_last_step_redoes_the_selection_exactly(tmp_path
     assert resumed.placements == whole.placements and resumed.probabilities == whole.probabilities
     assert resumed.provenance["selection"]["loss_rises"] == whole.provenance["selection"]["loss_rises"]
     assert whole.provenance["config"]["search"]["tau_end"] == 0.1
+
+
+SLOW_STEP = """
+import sys, torch
+import autoln.run_search as rs
+from autoln.cli import search_main
+plain = rs.weight_step
+def slow(*args, **kwargs):
+    print("SLOW-STEP", file=sys.stderr, flush=True)
+    torch.set_num_threads(1)
+    a = torch.randn(6000, 6000)
+    for _ in range(20):  # a step of minutes, nearly all of it inside torch's C++ matmuls
+        a = a @ a
+    return plain(*args, **kwargs)
+rs.weight_step = slow
+sys.exit(search_main())
+"""
+
+
+def test_a_second_sigint_ends_a_run_at_once_even_inside_a_long_step(tmp_path):
+    """The first SIGINT asks the run to stop after its step; a second one, sent while that step
+    (here minutes long, inside one torch call) runs, must end the process within 5 s with 130."""
+    args = [sys.executable, "-c", SLOW_STEP, *COMMON, "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(str(tmp_path / "c")), cwd=ROOT)
+    lines = []
+    for line in proc.stderr:  # wait until the slow step has begun
+        lines.append(line)
+        if "SLOW-STEP" in line:
+            break
+    assert proc.poll() is None, "".join(lines)[-2000:]
+    time.sleep(0.5)  # inside the matmuls now
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first signal waits for the step to end
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        rest = proc.communicate(timeout=5)[1]
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 5
+    assert proc.returncode == 130, rest[-2000:]
+    assert "second signal (SIGINT): stopping at once" in rest

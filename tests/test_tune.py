@@ -188,7 +188,7 @@ def test_admission_rule_gives_an_exact_cap():
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, cache):
     out = tmp_path_factory.mktemp("tune") / "study"
-    proc = tune(out, "--set", "tune.n_trials=4", cache=cache)  # the acceptance command
+    proc = tune(out, "--set", "tune.n_trials=4", cache=cache)  # four trials of the tiny study
     return out, proc
 
 

@@ -1,0 +1,72 @@
+"""The repository stands alone: no tracked file cites a path outside it or a design-notes
+section that does not exist, and the README's and design notes' links resolve."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from .conftest import ROOT
+
+DESIGN = ROOT / "docs" / "design.md"
+#: What points outside a clone: relative paths that leave it, the developer machine's folders,
+#: and the developers' reference document (the repository's own notes are docs/design.md).
+OUTSIDE = re.compile(r"\.\./[\w.]|/work/|\bDESIGN(\.md| §)|shared/DESIGN")
+#: A citation of the design notes: ``docs/design.md §4`` or ``§2-3``, ``§8, §4``.
+CITATION = re.compile(r"docs/design\.md((?:,? ?§\d+(?:[-.]\d+)?)+)")
+
+
+def tracked_files() -> list:
+    """The files git tracks, plus new ones it does not ignore (text files only)."""
+    try:
+        names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    files = []
+    for name in names:
+        path = ROOT / name
+        if path.is_file():
+            try:
+                files.append((name, path.read_text(encoding="utf-8")))
+            except UnicodeDecodeError:
+                pass  # binary
+    return files
+
+
+def design_sections() -> set:
+    return {int(m) for m in re.findall(r"^## (\d+)\. ", DESIGN.read_text(encoding="utf-8"), flags=re.M)}
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    bad = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+           for name, text in tracked_files() if name != "tests/test_docs.py" for m in OUTSIDE.finditer(text)]
+    assert not bad, "citations of paths outside the repository:\n" + "\n".join(bad)
+
+
+def test_every_design_citation_names_an_existing_section():
+    sections = design_sections()
+    assert sections == set(range(1, len(sections) + 1)) and len(sections) >= 8
+    cited, bad = 0, []
+    for name, text in tracked_files():
+        for m in CITATION.finditer(text):
+            for first, last in re.findall(r"§(\d+)(?:-(\d+))?", m.group(1)):
+                for n in range(int(first), int(last or first) + 1):
+                    cited += 1
+                    if n not in sections:
+                        bad.append(f"{name}: {m.group(0)}")
+    assert cited > 20 and not bad, bad
+
+
+def test_markdown_links_resolve_inside_the_repository():
+    bad = []
+    for doc in (ROOT / "README.md", DESIGN):
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            if re.match(r"https?://", target) or target.startswith("#"):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists() or ROOT.resolve() not in path.parents:
+                bad.append(f"{doc.name}: {target}")
+    assert not bad, bad
