@@ -124,12 +124,12 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     write_json_atomic(out / "diagnostics.json", result)
 
     print(f"diagnostics of {genotype.describe()} ({genotype_spec}), {x.shape[0]} valid windows of {mc.context} tokens")
-    print("\n| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance |\n|---|---|---|---|---|")
+    print("\n| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance (arccos/pi) |\n|---|---|---|---|---|")
     for i in blocks:
         print(f"| {i} | {init['grad_norm_attn_out'][i]:.4g} | {init['grad_norm_ffn_out'][i]:.4g} | "
               f"{init['residual_norm'][i + 1]:.4g} | {init['angular_distance'][i]:.4f} |")
     print(f"\nembedding residual norm {init['residual_norm'][0]:.4g}")
-    print("\n| step | update size | loss |\n|---|---|---|")
+    print("\n| step | update size (L2 norm of the logits' change) | train loss (nats/token) |\n|---|---|---|")
     for s in sorted({p for p in PRINT_STEPS if p <= len(updates)} | ({len(updates)} if updates else set())):
         print(f"| {s} | {updates[s - 1]:.4g} | {losses[s - 1]:.4f} |")
     print(f"\nloss spikes (loss > {rc.spike_factor} x running mean): {spikes.spikes} in {len(losses)} steps")

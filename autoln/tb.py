@@ -108,7 +108,8 @@ def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[s
     ax.set_yticks(range(len(sites)), sites)
     for i in range(probs.shape[0]):
         for k in range(probs.shape[1]):
-            ax.text(k, i, f"{probs[i, k]:.3f}", ha="center", va="center", fontsize=7)
+            dark = abs(probs[i, k] - 1.0 / probs.shape[1]) > 0.6 * half
+            ax.text(k, i, f"{probs[i, k]:.3f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_title(f"{title + ': ' if title else ''}probability (colour: minus uniform 1/{probs.shape[1]})", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.05)
     fig.tight_layout()

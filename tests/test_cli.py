@@ -212,3 +212,11 @@ def test_retrain_config_records_the_trained_model(searched):
         "--set", "retrain.eval_every=1", "--set", "retrain.final_eval_windows=2", "--set", "retrain.eval_windows=2", cache=cache)
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["model"]["n_layers"] == 2 and saved["model"]["d_model"] == 32  # the genotype's, not the default 6 x 96
+
+
+def test_heat_map_scale_is_stretched_to_the_largest_difference_from_uniform():
+    from autoln.tb import heat_scale
+
+    near = np.array([[0.337, 0.331, 0.332], [0.33, 0.334, 0.336]])
+    assert heat_scale(near) == pytest.approx(0.337 - 1 / 3)  # not the fixed 0..1 scale that made it one colour
+    assert heat_scale(np.full((2, 4), 0.25)) == 1e-3 and heat_scale(np.array([[1.0, 0.0]])) == pytest.approx(0.5)

@@ -113,7 +113,7 @@ def test_diagnose_command_prints_tables_and_writes_pngs(tmp_path, cache):
     assert len(d["update_size"]) == 20 and 0 < d["update_size"][0] < d["update_size"][-1]
     for name in ("grad_norms", "residual_norms", "angular_distance", "update_size"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG
-    assert "| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance |" in proc.stdout
+    assert "| block | grad norm attn out | grad norm FFN fc2 | residual norm after | angular distance (arccos/pi) |" in proc.stdout
     again = run("-m", "autoln.diagnose", "--genotype", "all-post", "--config", TINY, "--out", str(out), cache=cache, check=False)
     assert again.returncode == 2 and "already holds a finished run (diagnostics.json)" in again.stderr
 
