@@ -84,7 +84,8 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
     the same size (equal budget).
 
     Raises:
-        GenotypeError: a file is invalid, or two files differ in model size.
+        GenotypeError: a file is invalid, or two files differ in model size (their searched
+            candidate lists may differ; the first file's is kept).
     """
     if not genotype_files:
         return cfg
@@ -97,8 +98,13 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
         models.append((spec, Genotype.load(spec).model_config(cfg.model)))
     first_spec, first = models[0]
     for spec, mc in models[1:]:
-        if mc != first:
-            raise GenotypeError(f"{spec} and {first_spec} have different model sizes; a comparison needs equal budgets")
+        # the searched candidate lists may differ (that is what a comparison of searches asks);
+        # the derived models' dimensions may not
+        diffs = [f"model.{f.name}: {getattr(mc, f.name)!r} vs {getattr(first, f.name)!r}" for f in dataclasses.fields(mc)
+                 if f.name != "candidates" and getattr(mc, f.name) != getattr(first, f.name)]
+        if diffs:
+            raise GenotypeError(f"{spec} and {first_spec} have different model sizes ({'; '.join(diffs)}); "
+                                f"a comparison needs equal budgets")
     return dataclasses.replace(cfg, model=first)
 
 

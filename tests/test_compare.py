@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-import statistics
 import dataclasses
+import statistics
 import subprocess
 import sys
 
@@ -53,6 +53,26 @@ def test_labels_are_unique_and_baselines_keep_their_names():
 
     assert labels_for(["runs/all-pre/genotype.json", "x/best_genotype.json", "y/x.json", "all-pre"]) == \
         ["all-pre-2", "x", "x-2", "all-pre"]
+
+
+def test_genotypes_of_different_candidate_lists_compare_but_not_of_different_sizes(tmp_path):
+    """Searches over 3 and over 7 candidates give derived models of one size: comparable. A width
+    that differs is refused, naming the key."""
+    from autoln.compare import comparison_config
+    from autoln.config import ModelConfig
+    from autoln.errors import GenotypeError
+    from autoln.genotype import baseline
+
+    narrow = baseline("all-post", ModelConfig(), 256)
+    wide = Genotype.from_dict({**narrow.to_dict(), "candidates": ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"],
+                               "probabilities": [[1 / 7] * 7] * 6, "placements": ["peri", "none", "lns", "post", "pre", "outnorm"]})
+    other = Genotype.from_dict({**narrow.to_dict(), "model": {**narrow.to_dict()["model"], "d_model": 64}})
+    for name, g in (("narrow", narrow), ("wide", wide), ("other", other)):
+        g.save(tmp_path / f"{name}.json")
+    cfg = comparison_config(Config(), [str(tmp_path / "wide.json"), str(tmp_path / "narrow.json")])
+    assert cfg.model.d_model == 96 and len(cfg.model.candidates) == 7  # the first file's list is kept
+    with pytest.raises(GenotypeError, match=r"different model sizes \(model.d_model: 64 vs 96\)"):
+        comparison_config(Config(), [str(tmp_path / "narrow.json"), str(tmp_path / "other.json")])
 
 
 def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, cache):
