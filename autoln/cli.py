@@ -150,25 +150,25 @@ def _refuse_torchrun(option: str) -> None:
                           + (" (use --workers N for parallel trials)" if option == "--tune" else ""))
 
 
+def _beside_python(name: str, fallback: str) -> Path:
+    """The script ``name`` beside this interpreter (a virtual environment's ``bin``), relative to
+    the working directory when it lies under it, else ``fallback`` (found on ``PATH``)."""
+    exe = Path(sys.executable) if name == "python" else Path(sys.executable).parent / name
+    try:
+        return exe.relative_to(Path.cwd()) if exe.exists() else Path(fallback)
+    except ValueError:
+        return Path(fallback)
+
+
 def _command(script: str, *args: str) -> str:
     """A shell command line for the printed "next:" hint, using this interpreter."""
-    exe = Path(sys.executable)
-    try:
-        exe = exe.relative_to(Path.cwd())
-    except ValueError:
-        exe = Path("python")
-    return " ".join(shlex.quote(str(a)) for a in (exe, script, *args))
+    return " ".join(shlex.quote(str(a)) for a in (_beside_python("python", "python"), script, *args))
 
 
 def _tensorboard(logdir: Path) -> str:
     """The command line that opens TensorBoard on ``logdir``: the ``tensorboard`` script beside
     this interpreter (a virtual environment's), else the one on ``PATH``."""
-    exe = Path(sys.executable).parent / "tensorboard"
-    try:
-        exe = exe.relative_to(Path.cwd()) if exe.exists() else Path("tensorboard")
-    except ValueError:
-        exe = Path("tensorboard")
-    return " ".join(shlex.quote(str(a)) for a in (exe, "--logdir", logdir))
+    return " ".join(shlex.quote(str(a)) for a in (_beside_python("tensorboard", "tensorboard"), "--logdir", logdir))
 
 
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
