@@ -26,6 +26,7 @@ import torch
 from . import distributed
 from .config import Config, with_defaults
 from .errors import ConfigError, OutputError
+from .commands import resume_command
 from .io import save_torch_atomic
 from .errors import DivergenceError
 from .training import CHECKPOINT_FILE
@@ -128,9 +129,17 @@ class StopSignals:
     as it arrives; torch releases the GIL inside its operators, so the watcher runs during
     them. The checkpoint of the last finished step stays on disk (checkpoints are written
     atomically), so nothing finished is lost. Outside the main thread it does nothing.
+
+    Each signal is acknowledged on stderr at once: the first says the run stops at the end of
+    the step in progress, the second whether a checkpoint exists to continue from.
+
+    Args:
+        checkpoint: the run's checkpoint file, named in the second signal's message (whether
+            it exists then decides what the message says); None in tests.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Optional[Path] = None) -> None:
+        self.checkpoint = checkpoint
         self.received: Optional[int] = None
         self._saved: dict[int, Any] = {}
         self._count = 0
@@ -145,11 +154,21 @@ class StopSignals:
             self._count += 1
             self.received = self.received or signum
             second = self._count >= 2
-        if second:
-            sys.stderr.write(f"\nsecond signal ({signal.Signals(signum).name}): stopping at once; "
-                             f"the last checkpoint written stays on disk\n")
+        name = signal.Signals(signum).name
+        if not second:
+            sys.stderr.write(f"\n{name}: stopping at the next safe point (the end of the step in progress, with a "
+                             "checkpoint); send it again (e.g. Ctrl-C) to stop at once\n")
             sys.stderr.flush()
-            os._exit(128 + signum)
+            return
+        if self.checkpoint is not None and self.checkpoint.exists():
+            kept = f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: {resume_command(self.checkpoint.parent)}"
+        elif self.checkpoint is not None:
+            kept = "no checkpoint was written yet, so there is nothing to resume: run the command again"
+        else:
+            kept = "the last checkpoint written stays on disk"
+        sys.stderr.write(f"\nsecond signal ({name}): stopping at once; {kept}\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     def _handle(self, signum, frame) -> None:
         # the watcher thread counts the arrivals; without one (no wakeup fd), count here
@@ -248,7 +267,23 @@ class Checkpointer:
         if interrupted:
             raise Interrupted(signals.received or signal.SIGTERM,
                               f"stopped by signal after step {step}; checkpoint written to {self.path}; "
-                              f"continue with the same command and --resume --out {self.path.parent}")
+                              f"continue with: {resume_command(self.path.parent)}")
+
+    def stop_if_signalled(self, signals: "StopSignals", device: torch.device, where: str) -> None:
+        """Raise :class:`Interrupted` when a stop signal came outside a training step (``where``:
+        e.g. "before the first step", "during the final evaluation"). Nothing is written: the
+        message says which checkpoint, if any, the run can continue from.
+
+        Raises:
+            Interrupted: SIGINT or SIGTERM arrived.
+        """
+        if not signals.requested(device):
+            return
+        if self.last_step is None:
+            kept = "no checkpoint was written, so there is nothing to resume: run the command again"
+        else:
+            kept = f"{self.path} holds step {self.last_step}; continue with: {resume_command(self.path.parent)}"
+        raise Interrupted(signals.received or signal.SIGTERM, f"stopped by signal {where}; {kept}")
 
     def describe(self) -> str:
         """Where the last good checkpoint is, for messages."""

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .commands import command_line, tensorboard_line
 from .errors import AutolnError, DivergenceError
 
 EXIT_BAD_INPUT = 2
@@ -150,27 +150,6 @@ def _refuse_torchrun(option: str) -> None:
                           + (" (use --workers N for parallel trials)" if option == "--tune" else ""))
 
 
-def _beside_python(name: str, fallback: str) -> Path:
-    """The script ``name`` beside this interpreter (a virtual environment's ``bin``), relative to
-    the working directory when it lies under it, else ``fallback`` (found on ``PATH``)."""
-    exe = Path(sys.executable) if name == "python" else Path(sys.executable).parent / name
-    try:
-        return exe.relative_to(Path.cwd()) if exe.exists() else Path(fallback)
-    except ValueError:
-        return Path(fallback)
-
-
-def _command(script: str, *args: str) -> str:
-    """A shell command line for the printed "next:" hint, using this interpreter."""
-    return " ".join(shlex.quote(str(a)) for a in (_beside_python("python", "python"), script, *args))
-
-
-def _tensorboard(logdir: Path) -> str:
-    """The command line that opens TensorBoard on ``logdir``: the ``tensorboard`` script beside
-    this interpreter (a virtual environment's), else the one on ``PATH``."""
-    return " ".join(shlex.quote(str(a)) for a in (_beside_python("tensorboard", "tensorboard"), "--logdir", logdir))
-
-
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
     p = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
@@ -216,7 +195,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if selection.get("skipped_batches"):
             _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
         _print_sites(result.genotype)
-        print("next: " + _command("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
+        print("next: " + command_line("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
 
     return guarded(body)
 
@@ -262,7 +241,7 @@ def _seeds(cfg, args) -> None:
     consensus, path = run_seeds(cfg, args.seeds, out, args.workers, args.overwrite)
     print((out / VOTES_FILE).read_text() + f"\nconsensus genotype: {' '.join(consensus.candidates[k] for k in consensus.choices)}"
           f"\nagreement: {consensus.agreement:.0%} of sites\nwrote {path}, {out / VOTES_FILE}")
-    print("next: " + _command("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
+    print("next: " + command_line("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
 
 
 def _tune(cfg, args) -> None:
@@ -282,7 +261,7 @@ def _tune(cfg, args) -> None:
         print("note: the study is not finished (a worker died?); re-run the same command to finish it")
     elif result.best_number is not None:
         best = out / "best_genotype.json"
-        print("next: " + _command("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
+        print("next: " + command_line("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
 DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln,pre-post,all-peri,all-outnorm,all-lns,all-none"  # autoln.genotype.BASELINES (a test keeps them equal)
@@ -333,9 +312,9 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
         genotype = () if is_baseline(spec) else ("--genotype", spec)
-        print("next: " + _command("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
+        print("next: " + command_line("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
               + "   # against the named baselines, 3 seeds each")
-        print("      " + _tensorboard(Path(out).parent))
+        print("      " + tensorboard_line(Path(out).parent))
 
     return guarded(body)
 
@@ -349,3 +328,4 @@ def _compare(cfg, args) -> None:
     out = Path(args.out) if args.out else default_out_dir("compare")
     run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite)
     print((out / "compare.md").read_text() + f"\nwrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'valid_curves.png'}")
+    print("next: " + tensorboard_line(out) + "   # every run's curves, one folder per genotype and seed")

@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from .commands import pip_extra
 from .config import DataConfig
 from .errors import DataError
 from .io import write_text_atomic
@@ -150,7 +151,7 @@ def read_hf(name: str) -> tuple[dict[str, bytes], dict[str, str]]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"data.corpus={name} needs the optional Hugging Face datasets library: pip install 'autoln[hf]' "
+        raise DataError(f"data.corpus={name} needs the optional Hugging Face datasets library; from the clone's folder run {pip_extra('hf')} "
                         f"(or pass a folder holding train.txt, valid.txt and test.txt)") from None
     try:
         ds = datasets.load_dataset(repo, config)

@@ -30,11 +30,18 @@ from typing import Optional
 import torch
 
 from . import distributed
-from .config import ModelConfig
+from .config import ModelConfig, RetrainConfig, SearchConfig
 from .errors import ConfigError
 from .placements import branch_calls
 
 GIB = 2**30
+#: :func:`check_fits` warns when a step costs more than this many times the FLOPs of a step of
+#: the default config (:func:`step_flops`), whose time is known (:data:`DEFAULT_STEP_SECONDS`).
+SLOW_FACTOR = 50
+#: Seconds per step of the default config alone on a 2-core laptop-class CPU (README, "How long
+#: things take": the default search's 500 steps in about 4 minutes; the derived model's
+#: training step 0.11 s in ``benchmarks/bench_step.py``).
+DEFAULT_STEP_SECONDS = {True: 0.5, False: 0.11}
 #: :func:`check_fits` warns when the lower bound exceeds this fraction of the free memory: the
 #: real footprint is larger than the bound (on CPU, about twice it at the default size).
 WARN_FRACTION = 0.5
@@ -71,6 +78,19 @@ def estimate(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool) 
     attention = mc.n_heads * mc.context if mc.dropout > 0 else 0  # SDPA's fused kernels keep no T x T matrix
     per_token = mc.n_layers * calls * (6 * mc.d_model + 2 * mc.d_ff + attention) + 3 * vocab_size
     return Estimate(parameters=p, state=16 * p, activations=4 * batch_rows * mc.context * per_token)
+
+
+def step_flops(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool) -> float:
+    """FLOPs of one training step on ``batch_rows`` windows of ``mc.context`` tokens, by the
+    count of Kaplan et al. 2020 (§2.1, Table 1): per token, a forward pass costs ``2 N`` for the
+    ``N`` weights of the matmuls plus ``2 L T d`` for attention's scores and weighted sum, and a
+    training step three times a forward pass. The supernet runs each branch
+    :func:`autoln.placements.branch_calls` times and takes an alpha step and a weight step (two
+    passes). A float: the attention term grows with ``T``, so a step grows with ``T^2``."""
+    calls = branch_calls(mc.searched_candidates()) if supernet else 1
+    d, L, T = mc.d_model, mc.n_layers, mc.context
+    per_token = 2 * L * calls * (4 * d * d + 2 * d * mc.d_ff + T * d) + 2 * vocab_size * d
+    return 3 * per_token * batch_rows * T * (2 if supernet else 1)
 
 
 def free_memory(device: torch.device) -> Optional[int]:
@@ -116,7 +136,34 @@ def check_fits(mc: ModelConfig, vocab_size: int, batch_rows: int, device: torch.
             f"warning: the {'supernet' if supernet else 'model'} needs at least {est.total / GIB:,.1f} GiB per step on {device.type} "
             f"(a lower bound; the real need is larger) and {free / GIB:,.1f} GiB are free: the run may run out of memory or "
             f"swap; lower model.context ({mc.context}) or {section}.batch_size if it stalls", file=sys.stderr)
+    if device.type == "cpu":
+        check_time(mc, vocab_size, batch_rows, supernet, section)
     return est
+
+
+def check_time(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool, section: str) -> float:
+    """Print a one-line warning to stderr (main process) when a CPU step costs more than
+    :data:`SLOW_FACTOR` times a step of the default model and batch (:func:`step_flops`, same
+    vocabulary and candidates), with the time that implies at :data:`DEFAULT_STEP_SECONDS`.
+    Returns that ratio (a float; 1.0 for the default config)."""
+    default_rows = (SearchConfig() if supernet else RetrainConfig()).batch_size
+    default = ModelConfig(candidates=mc.candidates)
+    ratio = step_flops(mc, vocab_size, batch_rows, supernet) / step_flops(default, vocab_size, default_rows, supernet)
+    if ratio > SLOW_FACTOR:
+        seconds = ratio * DEFAULT_STEP_SECONDS[supernet]
+        distributed.print_main(
+            f"warning: one step costs about {ratio:,.0f}x a step of the default size (~{_duration(seconds)} per step on a 2-core "
+            f"CPU, where the default takes {DEFAULT_STEP_SECONDS[supernet]} s); attention's cost grows with model.context squared "
+            f"({mc.context}): lower model.context, model.n_layers ({mc.n_layers}), model.d_model ({mc.d_model}) or "
+            f"{section}.batch_size ({batch_rows}) or run it on a GPU (search.device / retrain.device)", file=sys.stderr)
+    return ratio
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a short duration: 40 s, 12 min, 3.5 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -148,6 +148,13 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         ``retrain.batch_size`` is not divisible by the number of processes, or when resuming
         with a config that differs from the checkpoint's.
     """
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals:  # from the start: a second Ctrl-C in set-up stops at once
+        return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
+
+
+def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eval: Optional[EvalHook], resume: bool,
+             signals: StopSignals) -> RetrainResult:
+    """The body of :func:`run_retrain`, under its ``signals``."""
     rc = cfg.retrain
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
     out = Path(out)
@@ -207,6 +214,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
                            f"  model: {n_params:,} parameters, device {device}{procs}{resumed}", file=sys.stderr)
     ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
+    ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
@@ -221,33 +229,32 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
                total=rc.steps)
     unit = UNITS[headline]
     try:
-        with StopSignals() as signals:
-            for step in bar:
-                x, y = distributed.shard(*sampler.sample())
-                loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
-                spikes.update(loss_v)
-                if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
-                    ckpts.diverged("retrain", rc.on_divergence, step, f"loss={loss_v}, grad norm={grad_norm}", state, log)
-                if step % cfg.logging.log_every == 0:
-                    log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
-                    log.scalar("lr/weights", sched.get_last_lr()[0], step)
-                evaluation = step % rc.eval_every == 0 or step == rc.steps
-                if evaluation:
-                    state["valid_metrics"] = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device),
-                                                               cfg.data.tokenizer)
-                    log.scalars(state["valid_metrics"], step, "valid")
-                    state["history"].append({"step": step, **state["valid_metrics"]})
-                    diag = snapshot(model, diag_x, reference=diag_ref)
-                    log_diagnostics(log, diag, step)
-                    log.scalar("diag/loss_spikes", spikes.spikes, step)
-                    state["diag_history"].append({"step": step, "loss_spikes": spikes.spikes, **diag})
-                    log.flush()
-                ckpts.end_step(step, evaluation, signals, device, checkpoint)
-                if evaluation and on_eval is not None:
-                    on_eval(step, state["valid_metrics"])
-                if show:
-                    shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
-                    bar.set_postfix_str(f"train loss {loss_v:.3f} nats/token, valid {shown} ({len(valid_starts)} windows)")
+        for step in bar:
+            x, y = distributed.shard(*sampler.sample())
+            loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
+            spikes.update(loss_v)
+            if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
+                ckpts.diverged("retrain", rc.on_divergence, step, f"loss={loss_v}, grad norm={grad_norm}", state, log)
+            if step % cfg.logging.log_every == 0:
+                log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
+                log.scalar("lr/weights", sched.get_last_lr()[0], step)
+            evaluation = step % rc.eval_every == 0 or step == rc.steps
+            if evaluation:
+                state["valid_metrics"] = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device),
+                                                           cfg.data.tokenizer)
+                log.scalars(state["valid_metrics"], step, "valid")
+                state["history"].append({"step": step, **state["valid_metrics"]})
+                diag = snapshot(model, diag_x, reference=diag_ref)
+                log_diagnostics(log, diag, step)
+                log.scalar("diag/loss_spikes", spikes.spikes, step)
+                state["diag_history"].append({"step": step, "loss_spikes": spikes.spikes, **diag})
+                log.flush()
+            ckpts.end_step(step, evaluation, signals, device, checkpoint)
+            if evaluation and on_eval is not None:
+                on_eval(step, state["valid_metrics"])
+            if show:
+                shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
+                bar.set_postfix_str(f"train loss {loss_v:.3f} nats/token, valid {shown} ({len(valid_starts)} windows)")
     except BaseException:
         bar.close()
         log.close()
@@ -266,6 +273,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device, progress=progress),
                                          cfg.data.tokenizer)
         final[split]["windows"] = int(len(starts))
+        ckpts.stop_if_signalled(signals, device, f"during the final evaluation ({split} done; --resume redoes it)")
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
     wall = state["wall_time_s"] + time.perf_counter() - session
     metrics = {

@@ -9,7 +9,6 @@ genotype (text), and a checkpoint. At the end ``genotype.json`` is written atomi
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ from . import distributed
 from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .checkpoint import CHECKPOINT_FILE, Checkpointer, Interrupted, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
@@ -173,6 +172,13 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         ConfigError: ``search.batch_size`` not divisible by the number of processes; with
             ``resume``, a config that differs from the checkpoint's (naming each key).
     """
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals:  # from the start: a second Ctrl-C in set-up stops at once
+        return _search(cfg, Path(out), overwrite, on_eval, resume, signals)
+
+
+def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook], resume: bool,
+            signals: StopSignals) -> SearchResult:
+    """The body of :func:`run_search`, under its ``signals``."""
     sc, mc = cfg.search, cfg.model
     if resume:
         ckpt = load_for_resume(Path(out), "search", cfg, GENOTYPE_FILE)
@@ -237,6 +243,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
           f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}{resumed}",
           file=sys.stderr)
     ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
+    ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
@@ -252,50 +259,50 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
     todo = range(start + 1, sc.steps + 1) if state["stopped_at"] is None else range(0)  # an early stop's checkpoint: done
     bar = tqdm(todo, desc="search", unit="step", disable=not show, dynamic_ncols=True, initial=start, total=sc.steps)
     try:
-        with StopSignals() as signals:
-            for step in bar:
-                model.tau = temperature(sc, step)
-                batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
-                batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
-                loss_a = float("nan")
-                alpha_step = step > sc.arch_warmup_steps
-                if alpha_step:
-                    loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
-                loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sdarts_noise(sc, step))
-                if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
-                    what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
-                    ckpts.diverged("search", sc.on_divergence, step, what, state, log)
-                if step % cfg.logging.log_every == 0:
-                    log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
-                    if math.isfinite(loss_a):
-                        log.scalar("train/loss_alpha", loss_a, step)
-                    log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
-                    log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
-                    log.scalar("search/tau", model.tau, step)
-                evaluation = step % sc.eval_every == 0 or step == sc.steps
-                if step % cfg.logging.log_every == 0 or evaluation:
-                    log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
-                if evaluation:
-                    valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
-                    state["valid_metrics"] = valid_metrics
-                    log.scalars(valid_metrics, step, "valid")
-                    log.text("genotype", genotype_markdown(model.probabilities(), model.site_names, model.candidates), step)
-                    state["record"] = monitor_step(monitor, model, monitor_batch, log, step)
-                    log.flush()
-                    if sc.early_stop == "hessian" and state["record"].get("stop"):
-                        state["stopped_at"] = step
-                ckpts.end_step(step, evaluation, signals, device, checkpoint)
-                if state["stopped_at"] is not None:
-                    distributed.print_main(f"early stop (R-DARTS) at step {step}: the Hessian eigenvalue's {WINDOW}-evaluation average "
-                                           f"rose above {RATIO} x its value {DELTA} evaluations earlier; the genotype is the one of step "
-                                           f"{monitor.before_rise()[0]}, before the rise", file=sys.stderr)
-                    break
-                if evaluation and on_eval is not None:
-                    on_eval(step, state["valid_metrics"])
-                if show:
-                    names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
-                    shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
-                    bar.set_postfix_str(f"train loss {loss_w:.3f} nats/token, supernet valid {shown} [{' '.join(names)}]")
+        for step in bar:
+            model.tau = temperature(sc, step)
+            batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
+            batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
+            loss_a = float("nan")
+            alpha_step = step > sc.arch_warmup_steps
+            if alpha_step:
+                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
+            loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sdarts_noise(sc, step))
+            if not (math.isfinite(loss_w) and math.isfinite(grad_norm)) or (alpha_step and not math.isfinite(loss_a)):
+                what = f"L_w={loss_w}, weight grad norm={grad_norm}" + (f", L_alpha (or its gradient)={loss_a}" if alpha_step else "")
+                ckpts.diverged("search", sc.on_divergence, step, what, state, log)
+            if step % cfg.logging.log_every == 0:
+                log.scalars({"loss": loss_w, "grad_norm": grad_norm}, step, "train")
+                if math.isfinite(loss_a):
+                    log.scalar("train/loss_alpha", loss_a, step)
+                log.scalar("lr/weights", sched_w.get_last_lr()[0], step)
+                log.scalar("lr/alphas", architect.optimizer.param_groups[0]["lr"], step)
+                log.scalar("search/tau", model.tau, step)
+            evaluation = step % sc.eval_every == 0 or step == sc.steps
+            if step % cfg.logging.log_every == 0 or evaluation:
+                log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
+            if evaluation:
+                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+                state["valid_metrics"] = valid_metrics
+                log.scalars(valid_metrics, step, "valid")
+                log.text("genotype", genotype_markdown(model.probabilities(), model.site_names, model.candidates), step)
+                state["record"] = monitor_step(monitor, model, monitor_batch, log, step)
+                log.flush()
+                if sc.early_stop == "hessian" and state["record"].get("stop"):
+                    state["stopped_at"] = step
+            ckpts.end_step(step, evaluation, signals, device, checkpoint)
+            if state["stopped_at"] is not None:
+                distributed.print_main(f"early stop (R-DARTS) at step {step}: the Hessian eigenvalue's {WINDOW}-evaluation average "
+                                       f"rose above {RATIO} x its value {DELTA} evaluations earlier; the genotype is the one of step "
+                                       f"{monitor.before_rise()[0]}, before the rise", file=sys.stderr)
+                break
+            if evaluation and on_eval is not None:
+                on_eval(step, state["valid_metrics"])
+            if show:
+                names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
+                arch = f"argmax [{' '.join(names)}]" if alpha_step else f"alphas frozen until step {sc.arch_warmup_steps + 1}"
+                shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
+                bar.set_postfix_str(f"train loss {loss_w:.3f} nats/token, supernet valid {shown}, {arch}")
     except BaseException:
         bar.close()
         log.close()
@@ -322,23 +329,20 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
 
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
         try:
-            with StopSignals() as signals:
-                def tune_or_stop() -> None:
-                    tune()
-                    if signals.requested(device):
-                        raise Interrupted(signals.received or signal.SIGTERM,
-                                          f"stopped by signal during perturbation-based selection; {out / CHECKPOINT_FILE} holds the "
-                                          f"supernet of step {sc.steps}: continue with the same command and --resume --out {out} "
-                                          "(the selection starts again from that checkpoint)")
-                selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
-                                          tune_or_stop, sc.seed, log, sc.steps, show)
+            def tune_or_stop() -> None:
+                tune()
+                ckpts.stop_if_signalled(signals, device, "during perturbation-based selection (which starts again from the "
+                                        "checkpoint of the search's last step)")
+            selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
+                                      tune_or_stop, sc.seed, log, sc.steps, show)
         except BaseException:
             log.close()
             raise
         selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
         log.scalars(selected_valid, sc.steps, "valid_selected")
         # the alphas went on training during the fine-tuning: log where they ended, after it
-        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0], image=True)
+        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0], image=True,
+                   chosen=selection.choices)
 
     probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session

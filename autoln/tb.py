@@ -58,16 +58,17 @@ class Logger:
             self.writer.add_custom_scalars({"mixing probabilities (per site)": charts})
 
     def alphas(self, probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], step: int,
-               image: bool = False) -> None:
+               image: bool = False, chosen: Optional[Sequence[int]] = None) -> None:
         """The mixing probabilities ``(n_sites, K)``: one scalar ``alpha/<site>/<candidate>``
-        each, and with ``image`` the heat map ``alphas`` (:func:`alpha_figure`)."""
+        each, and with ``image`` the heat map ``alphas`` (:func:`alpha_figure`; ``chosen``: per
+        site the selected candidate's index, boxed)."""
         if not self.writer:
             return
         for i, site in enumerate(sites):
             for k, cand in enumerate(candidates):
                 self.writer.add_scalar(f"alpha/{site}/{cand}", float(probs[i, k]), step)
         if image:
-            self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}"), step)
+            self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}", chosen=chosen), step)
 
     def figure(self, tag: str, fig, step: int) -> None:
         """A matplotlib figure as an image (the figure stays open for the caller)."""
@@ -92,10 +93,13 @@ def heat_scale(probs: np.ndarray) -> float:
     return max(float(np.abs(probs - 1.0 / probs.shape[1]).max()), 1e-3)
 
 
-def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], title: Optional[str] = None):
+def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], title: Optional[str] = None,
+                 chosen: Optional[Sequence[int]] = None):
     """A matplotlib heat map of the ``(n_sites, K)`` probability matrix: the colour is the
     difference from uniform ``p - 1/K`` on a diverging scale of half-width :func:`heat_scale`
-    (red above uniform, blue below), each cell annotated with ``p`` at three decimals."""
+    (red above uniform, blue below), each cell annotated with ``p`` at three decimals. With
+    ``chosen`` (per site a candidate index: the genotype, which perturbation-based selection may
+    take from a smaller probability) each chosen cell is boxed and its number starred."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -109,8 +113,13 @@ def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[s
     for i in range(probs.shape[0]):
         for k in range(probs.shape[1]):
             dark = abs(probs[i, k] - 1.0 / probs.shape[1]) > 0.6 * half
-            ax.text(k, i, f"{probs[i, k]:.3f}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
-    ax.set_title(f"{title + ': ' if title else ''}probability (colour: minus uniform 1/{probs.shape[1]})", fontsize=8)
+            star = "*" if chosen is not None and chosen[i] == k else ""
+            ax.text(k, i, f"{probs[i, k]:.3f}{star}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    if chosen is not None:
+        for i, k in enumerate(chosen):
+            ax.add_patch(matplotlib.patches.Rectangle((k - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+    boxed = "; boxed*: chosen" if chosen is not None else ""
+    ax.set_title(f"{title + ': ' if title else ''}probability (colour: minus uniform 1/{probs.shape[1]}{boxed})", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.05)
     fig.tight_layout()
     return fig

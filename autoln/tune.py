@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from .commands import pip_extra
 from .config import Config, assign
 from .errors import AutolnError, ConfigError, OutputError
 from .io import write_text_atomic
@@ -160,11 +161,11 @@ def open_storage(cfg: Config, out: Path):
     except ModuleNotFoundError as exc:
         driver = "psycopg2-binary" if exc.name and "psycopg" in exc.name else exc.name
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: the database driver '{exc.name}' is not installed "
-                          f"(pip install {driver})") from None
+                          f"({pip_extra('postgres') if driver == 'psycopg2-binary' else f'pip install {driver}'})") from None
     except Exception as exc:  # sqlalchemy's errors: bad URL, refused connection, missing driver, ...
         hint = ""
         if "DB access module" in str(exc) and tc.storage.startswith("postgresql://"):
-            hint = " (name the driver: postgresql+psycopg2://..., installed by pip install -e '.[postgres]')"
+            hint = f" (name the driver: postgresql+psycopg2://..., installed by {pip_extra('postgres')})"
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: cannot open the database: "
                           f"{str(exc).splitlines()[0][:300]}{hint}") from None
 

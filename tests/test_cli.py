@@ -220,3 +220,17 @@ def test_heat_map_scale_is_stretched_to_the_largest_difference_from_uniform():
     near = np.array([[0.337, 0.331, 0.332], [0.33, 0.334, 0.336]])
     assert heat_scale(near) == pytest.approx(0.337 - 1 / 3)  # not the fixed 0..1 scale that made it one colour
     assert heat_scale(np.full((2, 4), 0.25)) == 1e-3 and heat_scale(np.array([[1.0, 0.0]])) == pytest.approx(0.5)
+
+
+def test_heat_map_boxes_the_chosen_placement_even_below_the_top_probability():
+    """After perturbation-based selection the chosen candidate need not have the largest
+    probability: the heat map boxes and stars the chosen cell of each site, not the argmax."""
+    from matplotlib.patches import Rectangle
+
+    from autoln.tb import alpha_figure
+
+    probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]])
+    ax = alpha_figure(probs, ["block0", "block1"], ["pre", "post", "deepnorm"], chosen=[1, 2]).axes[0]
+    boxes = sorted((int(p.get_x() + 0.5), int(p.get_y() + 0.5)) for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill())
+    assert boxes == [(1, 0), (2, 1)]  # (candidate, site): post at block0 (0.3 < 0.5), deepnorm at block1
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().endswith("*")) == ["0.300*", "0.700*"]

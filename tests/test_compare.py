@@ -92,6 +92,7 @@ def test_compare_tiny_two_seeds_writes_table_curves_and_reuses_runs(tmp_path, ca
     assert rows["mix-ln"]["placements"] == "post pre"
     assert (out / "valid_curves.png").read_bytes()[:8] == PNG
     assert "| genotype | placements | seeds | valid_bits_per_byte |" in proc.stdout
+    assert f"tensorboard --logdir {out}   # every run's curves" in proc.stdout  # the next: line
     stamp = (out / "all-pre" / "seed0" / "metrics.json").stat().st_mtime_ns
     again = run(str(ROOT / "retrain.py"), "--compare", "--config", TINY, "--seeds", "2", *short, "--out", str(out), cache=cache)
     assert "finished runs are reused" in again.stderr and "[compare]" not in again.stderr

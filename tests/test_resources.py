@@ -15,7 +15,7 @@ from autoln.errors import ConfigError
 from autoln.genotype import baseline
 from autoln.model import build_derived
 from autoln.placements import branch_calls
-from autoln.resources import GIB, check_fits, estimate, is_out_of_memory, parameter_count
+from autoln.resources import GIB, SLOW_FACTOR, check_fits, check_time, estimate, is_out_of_memory, parameter_count, step_flops
 from autoln.supernet import Supernet
 
 from .conftest import ROOT
@@ -46,6 +46,24 @@ def test_estimate_and_refusal_name_the_keys_and_gib():
     assert f"{est.total / GIB:,.1f} GiB" in msg and "64.0 GiB are free" in msg
     assert "model.d_model (262144)" in msg and "retrain.batch_size" in msg
     assert check_fits(ModelConfig(), 256, 16, torch.device("cpu"), True, "search", free=64 * GIB).total < GIB
+
+
+def test_step_flops_follow_kaplan_and_a_long_context_warns_of_its_time(capsys):
+    """Kaplan et al. 2020's count, by hand for 2 blocks, d 8, d_ff 16, T 4, V 10, 3 rows: per
+    token 2 x 2 x (4 x 64 + 2 x 8 x 16 + 4 x 8) + 2 x 10 x 8 = 2336, a step 3 x that x 12 tokens;
+    the supernet of pre/post/deepnorm runs each branch twice and takes two passes. The default
+    config is the reference (ratio 1, no warning); a context of 100,000 tokens is thousands of
+    times slower per step, quadratic in the context, and warns with the key to lower."""
+    mc = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_ff=16, context=4)
+    assert step_flops(mc, 10, 3, supernet=False) == 3 * 2336 * 12
+    per_token = 2 * 2 * 2 * (4 * 64 + 2 * 8 * 16 + 4 * 8) + 2 * 10 * 8
+    assert step_flops(mc, 10, 3, supernet=True) == 2 * 3 * per_token * 12
+    assert check_time(ModelConfig(), 256, 16, True, "search") == 1.0
+    assert capsys.readouterr().err == ""
+    ratio = check_time(ModelConfig(context=100_000), 256, 16, True, "search")
+    assert ratio > 1000 * SLOW_FACTOR
+    err = capsys.readouterr().err
+    assert "warning: one step costs about" in err and "model.context squared (100000)" in err and "search.batch_size (16)" in err
 
 
 def test_allocation_failures_are_recognised():

@@ -294,4 +294,54 @@ def test_a_second_sigint_ends_a_run_at_once_even_inside_a_long_step(tmp_path):
         proc.kill()
     assert time.monotonic() - sent < 5
     assert proc.returncode == 130, rest[-2000:]
-    assert "second signal (SIGINT): stopping at once" in rest
+    said = "".join(lines) + rest
+    assert "SIGINT: stopping at the next safe point" in said  # the first signal is acknowledged at once
+    # the slow step is step 1 and checkpoint.every is 4: nothing to resume from, and it says so
+    assert "second signal (SIGINT): stopping at once; no checkpoint was written yet, so there is nothing to resume" in said
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+SLOW_SET_UP = """
+import sys, time
+import autoln.run_retrain as rr
+from autoln.cli import retrain_main
+plain = rr.snapshot
+def slow(*args, **kwargs):  # the initial diagnostics, before the first step, made slow
+    print("SLOW-SET-UP", file=sys.stderr, flush=True)
+    time.sleep(3)
+    return plain(*args, **kwargs)
+rr.snapshot = slow
+sys.exit(retrain_main())
+"""
+
+
+def test_a_signal_during_set_up_stops_before_the_first_step_and_says_there_is_nothing_to_resume(tmp_path):
+    """SIGINT while a retrain sets up (its initial diagnostics) stops it before step 1 (exit 130),
+    writing no checkpoint, with a message that says so instead of a resume command."""
+    args = [sys.executable, "-c", SLOW_SET_UP, *COMMON, "--genotype", "all-pre", "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(str(tmp_path / "c")), cwd=ROOT)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "SLOW-SET-UP" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[1]
+    said = "".join(lines) + rest
+    assert proc.returncode == 130, said[-2000:]
+    assert "stopped by signal before step 1; no checkpoint was written, so there is nothing to resume" in said
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
+    """The hint printed on a stop is a command to paste: the same arguments, no --overwrite, with
+    --resume and --out; a command of several jobs is re-run as it was."""
+    from autoln.commands import resume_command
+
+    monkeypatch.setattr(sys, "argv", ["search.py", "--config", "my config.yaml", "--overwrite"])
+    line = resume_command(Path("runs/a"))
+    assert line.endswith("search.py --config 'my config.yaml' --resume --out runs/a")
+    monkeypatch.setattr(sys, "argv", ["retrain.py", "--genotype", "all-pre", "--out", "x", "--resume"])
+    assert resume_command(Path("x")).endswith("retrain.py --genotype all-pre --out x --resume")
+    monkeypatch.setattr(sys, "argv", ["search.py", "--seeds", "3", "--out", "s"])
+    assert resume_command(Path("s/seed0")).endswith("search.py --seeds 3 --out s")
