@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from autoln.consensus import vote
 from autoln.errors import ConfigError
 from autoln.genotype import Genotype, from_probabilities
 
+from .conftest import ROOT
 from .test_cli import TINY, event_tags, run
 
 CFG = ModelConfig(n_layers=3)
@@ -58,6 +60,16 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
     assert f"agreement: {expected.agreement:.0%} of sites" in proc.stdout
     acc = event_tags(out)
     assert {"consensus/agreement", "votes/block0/pre", "votes/block1/deepnorm"} <= set(acc.Tags()["scalars"])
+    # experiments/selection_variants.py re-runs only the selection from a seed's checkpoint: its
+    # `random` variant is the default selection and gives that seed's genotype again, exactly
+    spec = importlib.util.spec_from_file_location("selection_variants", ROOT / "experiments" / "selection_variants.py")
+    variants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variants)
+    again0 = variants.reselect(out / "seed0", tmp_path / "sel" / "random" / "seed0", "random")
+    assert again0.placements == seeds[0].placements
+    assert again0.provenance["selection"]["loss_rises"] == seeds[0].provenance["selection"]["loss_rises"]
+    one_shot = variants.reselect(out / "seed0", tmp_path / "sel" / "one-shot" / "seed0", "one-shot").provenance["selection"]
+    assert one_shot["fine_tuning_updates"] == 0 and one_shot["order"] == ["block0", "block1"] and one_shot["windows"] == 128
     # a re-run reuses the seeds and refuses to overwrite the finished consensus without --overwrite
     again = run("search.py", "--config", TINY, "--seeds", "3", "--out", str(out), cache=cache_dir, check=False)
     assert again.returncode == 2 and "--overwrite" in again.stderr

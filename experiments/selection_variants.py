@@ -1,0 +1,135 @@
+"""Does the way a genotype is read off the supernet change the agreement across seeds?
+
+Takes the folder of a finished ``search.py --seeds N`` and, for each seed, re-runs only the
+perturbation-based selection (DARTS-PT, :mod:`autoln.selection`) from that seed's checkpoint of
+its last step, with each variant below; the trained supernet is the same for every variant.
+It prints per variant the genotypes and the agreement (the fraction of sites at which every
+seed chose the same placement, as ``search.py --seeds``).
+
+Variants:
+
+- ``random``: the default (sites in a random order drawn from ``search.seed``); reproduces
+  the seeds' own genotypes exactly.
+- ``random-256``: the same with 256 selection windows instead of ``search.selection_windows``.
+- ``greedy``: SGAS's greedy order (Li et al. 2020, "SGAS: Sequential Greedy Architecture
+  Search"): before each decision, measure every undecided site and decide the one whose top
+  loss rise leads its runner-up most.
+- ``first-pass``: the sites ordered once by that lead, measured before any decision.
+- ``one-shot``: every site's rises measured on the final supernet, no fine-tuning between
+  decisions (128 windows).
+
+Each run writes ``<out>/<variant>/seed<s>`` (a copy of the seed's checkpoint and config, then
+the resumed selection's ``genotype.json``); a finished run is reused.
+
+    python experiments/selection_variants.py --seeds-dir runs/seeds-<stamp> [--variants random,greedy] [--out runs/selection]
+
+About 2 minutes per seed and variant on 2 CPU cores at the default size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shutil
+import sys
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+
+import autoln.run_search as rs
+from autoln.checkpoint import CHECKPOINT_FILE
+from autoln.cli import guarded
+from autoln.config import load_config
+from autoln.consensus import vote
+from autoln.genotype import Genotype
+from autoln.selection import Selection, loss_rises
+
+VARIANTS = ("random", "random-256", "greedy", "first-pass", "one-shot")
+WINDOWS = {"random-256": 256, "one-shot": 128}
+
+
+def lead(rises: np.ndarray) -> float:
+    """The top loss rise's lead over the runner-up (nats/token) of one site's ``(K,)`` rises."""
+    top2 = np.sort(rises)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def selector(variant: str):
+    """A drop-in for :func:`autoln.selection.perturbation_select` that decides in ``variant``'s way."""
+    def select(model, loss, tune, order) -> Selection:
+        n, k = model.alphas.shape[0], len(model.candidates)
+        model.projected = {}
+        rises, base, done = np.zeros((n, k)), [0.0] * n, []
+        if variant == "one-shot":
+            for site in range(n):
+                base[site], rises[site] = loss_rises(model, site, loss)
+            model.projected = {site: int(np.argmax(rises[site])) for site in range(n)}
+            return Selection([model.projected[s] for s in range(n)], rises, base, list(range(n)))
+        fixed = list(order) if variant.startswith("random") else None
+        if variant == "first-pass":
+            first = {site: lead(loss_rises(model, site, loss)[1]) for site in range(n)}
+            fixed = sorted(range(n), key=lambda site: -first[site])
+        for i in range(n):
+            if fixed is None:  # greedy: the most decided site next
+                measured = {s: loss_rises(model, s, loss) for s in range(n) if s not in model.projected}
+                site = max(measured, key=lambda s: lead(measured[s][1]))
+                base[site], rises[site] = measured[site]
+            else:
+                site = fixed[i]
+                base[site], rises[site] = loss_rises(model, site, loss)
+            model.projected[site] = int(np.argmax(rises[site]))
+            done.append(site)
+            if i < n - 1:
+                tune()
+        return Selection([model.projected[s] for s in range(n)], rises, base, done)
+    return select
+
+
+def reselect(seed_dir: Path, out: Path, variant: str) -> Genotype:
+    """Re-run the selection of the search in ``seed_dir`` into ``out`` with ``variant``."""
+    if (out / rs.GENOTYPE_FILE).exists():
+        return Genotype.load(out / rs.GENOTYPE_FILE)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (CHECKPOINT_FILE, "config.yaml"):
+        shutil.copy(seed_dir / name, out / name)
+    saved = load_config(out / "config.yaml", ["logging.progress=false"])
+    cfg = copy.deepcopy(saved)
+    cfg.search.selection_windows = WINDOWS.get(variant, saved.search.selection_windows)
+    plain_load = rs.load_for_resume
+
+    def load(folder, kind, _cfg, finished):  # the checkpoint's own config: the windows are not checked
+        return plain_load(folder, kind, saved, finished)
+
+    with mock.patch.object(rs, "perturbation_select", selector(variant)), mock.patch.object(rs, "load_for_resume", load):
+        return rs.run_search(cfg, out, resume=True).genotype
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds-dir", required=True, type=Path, help="the --out folder of a finished search.py --seeds N")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--out", type=Path, default=Path("runs/selection"))
+    args = p.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
+    seeds = sorted(args.seeds_dir.glob("seed*/" + CHECKPOINT_FILE))
+    if not seeds:
+        p.error(f"--seeds-dir {args.seeds_dir}: no seed*/{CHECKPOINT_FILE} (the folder of a finished search.py --seeds N)")
+
+    def body() -> None:
+        rows = []
+        for variant in variants:
+            genotypes = [reselect(ck.parent, args.out / variant / ck.parent.name, variant) for ck in seeds]
+            c = vote(genotypes)
+            rows.append(f"| {variant} | " + " / ".join(g.describe() for g in genotypes) + f" | {c.agreement:.0%} |")
+        print("| variant | genotypes (" + ", ".join(ck.parent.name for ck in seeds) + ") | agreement |\n|---|---|---|")
+        print("\n".join(rows))
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
