@@ -27,7 +27,7 @@ from . import distributed
 from .config import Config, with_defaults
 from .errors import ConfigError, OutputError
 from .commands import resume_command
-from .io import save_torch_atomic
+from .io import remove_stale_temps, save_torch_atomic
 from .errors import DivergenceError
 from .training import CHECKPOINT_FILE
 
@@ -130,8 +130,10 @@ class StopSignals:
     them. The checkpoint of the last finished step stays on disk (checkpoints are written
     atomically), so nothing finished is lost. Outside the main thread it does nothing.
 
-    Each signal is acknowledged on stderr at once: the first says the run stops at the end of
-    the step in progress, the second whether a checkpoint exists to continue from.
+    Each signal is acknowledged on stderr at once: the first says when the run will stop
+    (:attr:`when`, which the run sets as it moves from set-up to steps to its final
+    evaluation), the second whether a checkpoint exists to continue from; the second also
+    deletes the temporary file of a checkpoint being written at that moment.
 
     Args:
         checkpoint: the run's checkpoint file, named in the second signal's message (whether
@@ -140,6 +142,8 @@ class StopSignals:
 
     def __init__(self, checkpoint: Optional[Path] = None) -> None:
         self.checkpoint = checkpoint
+        #: what the first signal does now, for its acknowledgement; the run updates it as it goes
+        self.when = "before the first step (the run is setting up; no checkpoint is written)"
         self.received: Optional[int] = None
         self._saved: dict[int, Any] = {}
         self._count = 0
@@ -156,10 +160,11 @@ class StopSignals:
             second = self._count >= 2
         name = signal.Signals(signum).name
         if not second:
-            sys.stderr.write(f"\n{name}: stopping at the next safe point (the end of the step in progress, with a "
-                             "checkpoint); send it again (e.g. Ctrl-C) to stop at once\n")
+            sys.stderr.write(f"\n{name}: stopping {self.when}; send it again (e.g. Ctrl-C) to stop at once\n")
             sys.stderr.flush()
             return
+        if self.checkpoint is not None:
+            remove_stale_temps(self.checkpoint)  # a checkpoint being written now is abandoned, not half-kept
         if self.checkpoint is not None and self.checkpoint.exists():
             kept = f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: {resume_command(self.checkpoint.parent)}"
         elif self.checkpoint is not None:
@@ -242,6 +247,8 @@ class Checkpointer:
 
     def __init__(self, out: Path, every: int, write: bool, last_step: Optional[int] = None) -> None:
         self.path, self.every, self.write, self.last_step = out / CHECKPOINT_FILE, every, write, last_step
+        if write:
+            remove_stale_temps(self.path)  # left by a process killed while writing its checkpoint
 
     def due(self, step: int) -> bool:
         """A periodic checkpoint is due after ``step``."""

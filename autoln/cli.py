@@ -109,7 +109,10 @@ def guarded(body: Callable[[], None]) -> int:
         say(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
-        say(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
+        # a bare KeyboardInterrupt came outside a run's steps (imports, config, between the runs of
+        # --seeds/--tune/--compare): nothing half-done is kept, finished runs and checkpoints are
+        say(f"interrupted: {exc}" if str(exc) else "interrupted before a run started, or between runs: finished runs and "
+            "checkpoints on disk are kept; run the command again to go on", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     return 0
 
@@ -313,7 +316,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
         genotype = () if is_baseline(spec) else ("--genotype", spec)
         print("next: " + command_line("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
-              + "   # against the named baselines, 3 seeds each")
+              + "   # against the named baselines, 3 seeds each (27+ retrains: about 1 h on 2 idle cores)")
         print("      " + tensorboard_line(Path(out).parent))
 
     return guarded(body)

@@ -37,6 +37,17 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     return path
 
 
+def remove_stale_temps(path: str | Path) -> int:
+    """Delete the temporary files an atomic write of ``path`` leaves when its process is killed
+    mid-write (``.<name>.*.tmp`` beside it); returns how many were removed."""
+    path = Path(path)
+    removed = 0
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; creates parent folders. Returns the path.
 

@@ -178,6 +178,8 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     n_params = sum(p.numel() for p in model.parameters())
 
+    ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpt['step'] + 1 if ckpt is not None else 1}, before writing anything")
     if main:
         if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
             prepare_out_dir(out, overwrite or resume)
@@ -213,8 +215,8 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
     distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
                            f"  model: {n_params:,} parameters, device {device}{procs}{resumed}", file=sys.stderr)
-    ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
     ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
+    signals.when = "at the end of the step in progress, after writing a checkpoint"
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
@@ -263,6 +265,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     history, diag_history, diag_init = state["history"], state["diag_history"], state["diag_init"]
 
     final = {}
+    signals.when = "after this split of the final evaluation (the last step's checkpoint is on disk; --resume redoes it)"
     distributed.print_main(f"final evaluation: {rc.final_eval_windows or 'all'} windows of valid and of test "
                            f"(retrain.final_eval_windows; the evaluations during training use retrain.eval_windows={rc.eval_windows})",
                            file=sys.stderr)

@@ -211,6 +211,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         monitor_batch = tuple(t.to(device) for t in fixed)
 
     out = Path(out)
+    ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpt['step'] + 1 if ckpt is not None else 1}, before writing anything")
     if main:
         if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
             prepare_out_dir(out, overwrite or resume)
@@ -242,8 +244,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     distributed.print_main(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
           f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}{resumed}",
           file=sys.stderr)
-    ckpts = Checkpointer(out, cfg.checkpoint.every, main, start if ckpt is not None else None)
     ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
+    signals.when = "at the end of the step in progress, after writing a checkpoint"
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
@@ -327,6 +329,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
                     ckpts.diverged("search", sc.on_divergence, sc.steps + tuned[0],
                                    f"L_w={loss_w}, L_alpha={loss_a} (fine-tuning of perturbation-based selection)", tune_state, log)
 
+        signals.when = ("after this site's decision and fine-tuning (the selection starts again from the checkpoint of "
+                        "the search's last step)")
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
         try:
             def tune_or_stop() -> None:

@@ -259,7 +259,7 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
             study.set_user_attr("metric", _headline(cfg))
     elif theirs != mine:
         default = study_config(Config())  # a key one side lacks (another autoln version) counts as its default
-        diff = [f"{k} ({theirs.get(k, default.get(k))!r} in the study, {mine.get(k, default.get(k))!r} now)"
+        diff = [f"{k} ({_clipped_repr(theirs.get(k, default.get(k)))} in the study, {_clipped_repr(mine.get(k, default.get(k)))} now)"
                 for k in sorted(set(theirs) | set(mine)) if theirs.get(k, default.get(k)) != mine.get(k, default.get(k))]
         if diff:
             fix = ("choose another tune.study_name, or pass --overwrite to delete that study from the database"
@@ -267,6 +267,13 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
             raise ConfigError(f"{where} was made with another config; differing keys: {'; '.join(diff)}. "
                               f"Re-run with the study's config, or {fix}")
     return study
+
+
+def _clipped_repr(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters with "..." (a whole ``tune.space`` would make a
+    one-line error unreadable)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _headline(cfg: Config) -> str:

@@ -295,7 +295,7 @@ def test_a_second_sigint_ends_a_run_at_once_even_inside_a_long_step(tmp_path):
     assert time.monotonic() - sent < 5
     assert proc.returncode == 130, rest[-2000:]
     said = "".join(lines) + rest
-    assert "SIGINT: stopping at the next safe point" in said  # the first signal is acknowledged at once
+    assert "SIGINT: stopping at the end of the step in progress, after writing a checkpoint" in said  # acknowledged at once
     # the slow step is step 1 and checkpoint.every is 4: nothing to resume from, and it says so
     assert "second signal (SIGINT): stopping at once; no checkpoint was written yet, so there is nothing to resume" in said
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
@@ -329,6 +329,7 @@ def test_a_signal_during_set_up_stops_before_the_first_step_and_says_there_is_no
     rest = proc.communicate(timeout=60)[1]
     said = "".join(lines) + rest
     assert proc.returncode == 130, said[-2000:]
+    assert "SIGINT: stopping before the first step (the run is setting up; no checkpoint is written)" in said
     assert "stopped by signal before step 1; no checkpoint was written, so there is nothing to resume" in said
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
@@ -345,3 +346,19 @@ def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
     assert resume_command(Path("x")).endswith("retrain.py --genotype all-pre --out x --resume")
     monkeypatch.setattr(sys, "argv", ["search.py", "--seeds", "3", "--out", "s"])
     assert resume_command(Path("s/seed0")).endswith("search.py --seeds 3 --out s")
+
+
+def test_a_half_written_checkpoint_left_by_a_killed_process_is_removed(tmp_path):
+    """A process killed while writing its checkpoint leaves the atomic write's temporary file
+    (``.checkpoint.pt.<random>.tmp``); the next run on that folder removes it, and nothing else."""
+    from autoln.checkpoint import Checkpointer
+
+    stale = tmp_path / ".checkpoint.pt.f57d_q8n.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    kept = [tmp_path / "checkpoint.pt", tmp_path / ".genotype.json.a1.tmp"]
+    for path in kept:
+        path.write_bytes(b"x")
+    Checkpointer(tmp_path, 10, write=False)  # a process that does not write (torchrun rank > 0) leaves it
+    assert stale.exists()
+    Checkpointer(tmp_path, 10, write=True)
+    assert not stale.exists() and all(path.exists() for path in kept)
