@@ -9,7 +9,9 @@ seed chose the same placement, as ``search.py --seeds``).
 Variants:
 
 - ``random``: the default (sites in a random order drawn from ``search.seed``); reproduces
-  the seeds' own genotypes exactly.
+  the seeds' own genotypes and loss rises exactly when run with the seed's number of torch
+  threads (``search.py --seeds --workers W`` gives each seed ``cpu_count // W``; float sums in
+  another order move the loss rises in the 6th decimal).
 - ``random-256``: the same with 256 selection windows instead of ``search.selection_windows``.
 - ``greedy``: SGAS's greedy order (Li et al. 2020, "SGAS: Sequential Greedy Architecture
   Search"): before each decision, measure every undecided site and decide the one whose top
