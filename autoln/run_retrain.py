@@ -157,7 +157,6 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     """The body of :func:`run_retrain`, under its ``signals``."""
     rc = cfg.retrain
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
-    out = Path(out)
     ckpt = None
     if resume:
         def same_genotype(saved: dict) -> None:

@@ -181,7 +181,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     """The body of :func:`run_search`, under its ``signals``."""
     sc, mc = cfg.search, cfg.model
     if resume:
-        ckpt = load_for_resume(Path(out), "search", cfg, GENOTYPE_FILE)
+        ckpt = load_for_resume(out, "search", cfg, GENOTYPE_FILE)
     else:
         check_out_dir(out, overwrite)
         ckpt = None
@@ -210,7 +210,6 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         fixed = WindowSampler(train, a_chunks, mc.context, sc.monitor_windows, seed=[sc.seed, 4]).sample()
         monitor_batch = tuple(t.to(device) for t in fixed)
 
-    out = Path(out)
     ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
     ckpts.stop_if_signalled(signals, device, f"before step {ckpt['step'] + 1 if ckpt is not None else 1}, before writing anything")
     if main:
@@ -318,7 +317,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     elif sc.selection == "perturbation":
         tuned, tune_state = [0], {"skipped_batches": 0}
 
-        def tune() -> None:  # DARTS-PT's fine-tuning: bilevel steps, numbered on from the search's last
+        def tune() -> None:  # DARTS-PT's fine-tuning: bilevel steps, numbered on from the search's last; then a stop point
             for _ in range(sc.selection_tune_steps):
                 tuned[0] += 1
                 batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
@@ -328,17 +327,15 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
                 if not all(math.isfinite(v) for v in (loss_a, loss_w, grad_norm)):
                     ckpts.diverged("search", sc.on_divergence, sc.steps + tuned[0],
                                    f"L_w={loss_w}, L_alpha={loss_a} (fine-tuning of perturbation-based selection)", tune_state, log)
+            ckpts.stop_if_signalled(signals, device, "during perturbation-based selection (which starts again from the "
+                                    "checkpoint of the search's last step)")
 
         signals.when = ("after this site's decision and fine-tuning (the selection starts again from the checkpoint of "
                         "the search's last step)")
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
         try:
-            def tune_or_stop() -> None:
-                tune()
-                ckpts.stop_if_signalled(signals, device, "during perturbation-based selection (which starts again from the "
-                                        "checkpoint of the search's last step)")
             selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
-                                      tune_or_stop, sc.seed, log, sc.steps, show)
+                                      tune, sc.seed, log, sc.steps, show)
         except BaseException:
             log.close()
             raise
