@@ -17,6 +17,8 @@ Variants:
   Search"): before each decision, measure every undecided site and decide the one whose top
   loss rise leads its runner-up most.
 - ``first-pass``: the sites ordered once by that lead, measured before any decision.
+- ``bottom-up`` / ``top-down``: the sites in the model's order (block0 first) or its reverse,
+  the same for every seed (removes the order's randomness; the lower blocks feed the upper ones).
 - ``one-shot``: every site's rises measured on the final supernet, no fine-tuning between
   decisions (128 windows).
 
@@ -47,7 +49,7 @@ from autoln.consensus import vote
 from autoln.genotype import Genotype
 from autoln.selection import Selection, loss_rises
 
-VARIANTS = ("random", "random-256", "greedy", "first-pass", "one-shot")
+VARIANTS = ("random", "random-256", "greedy", "first-pass", "bottom-up", "top-down", "one-shot")
 WINDOWS = {"random-256": 256, "one-shot": 128}
 
 
@@ -72,6 +74,8 @@ def selector(variant: str):
         if variant == "first-pass":
             first = {site: lead(loss_rises(model, site, loss)[1]) for site in range(n)}
             fixed = sorted(range(n), key=lambda site: -first[site])
+        if variant in ("bottom-up", "top-down"):
+            fixed = list(range(n)) if variant == "bottom-up" else list(range(n))[::-1]
         for i in range(n):
             if fixed is None:  # greedy: the most decided site next
                 measured = {s: loss_rises(model, s, loss) for s in range(n) if s not in model.projected}

@@ -73,11 +73,13 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
     try:
         again0 = variants.reselect(out / "seed0", tmp_path / "sel" / "random" / "seed0", "random")
         one_shot = variants.reselect(out / "seed0", tmp_path / "sel" / "one-shot" / "seed0", "one-shot").provenance["selection"]
+        top_down = variants.reselect(out / "seed0", tmp_path / "sel" / "top-down" / "seed0", "top-down").provenance["selection"]
     finally:
         torch.set_num_threads(threads)
     assert again0.placements == seeds[0].placements
     assert again0.provenance["selection"]["loss_rises"] == seeds[0].provenance["selection"]["loss_rises"]
     assert one_shot["fine_tuning_updates"] == 0 and one_shot["order"] == ["block0", "block1"] and one_shot["windows"] == 128
+    assert top_down["order"] == ["block1", "block0"] and top_down["fine_tuning_updates"] == 2
     # a re-run reuses the seeds and refuses to overwrite the finished consensus without --overwrite
     again = run("search.py", "--config", TINY, "--seeds", "3", "--out", str(out), cache=cache_dir, check=False)
     assert again.returncode == 2 and "--overwrite" in again.stderr
