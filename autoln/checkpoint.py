@@ -33,6 +33,8 @@ from .training import CHECKPOINT_FILE
 
 #: Config sections that may differ on ``--resume`` (they do not change what is computed).
 RESUME_FREE = ("logging", "checkpoint")
+#: The end of a stop message when no checkpoint exists yet.
+NOTHING_TO_RESUME = "so there is nothing to resume: run the command again"
 
 
 def rng_state() -> dict[str, Any]:
@@ -140,9 +142,13 @@ class StopSignals:
             it exists then decides what the message says); None in tests.
     """
 
+    #: :attr:`when` during the training steps
+    IN_STEPS = "at the end of the step in progress, after writing a checkpoint"
+
     def __init__(self, checkpoint: Optional[Path] = None) -> None:
         self.checkpoint = checkpoint
         #: what the first signal does now, for its acknowledgement; the run updates it as it goes
+        #: (to :attr:`IN_STEPS` when its steps begin)
         self.when = "before the first step (the run is setting up; no checkpoint is written)"
         self.received: Optional[int] = None
         self._saved: dict[int, Any] = {}
@@ -168,7 +174,7 @@ class StopSignals:
         if self.checkpoint is not None and self.checkpoint.exists():
             kept = f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: {resume_command(self.checkpoint.parent)}"
         elif self.checkpoint is not None:
-            kept = "no checkpoint was written yet, so there is nothing to resume: run the command again"
+            kept = f"no checkpoint was written yet, {NOTHING_TO_RESUME}"
         else:
             kept = "the last checkpoint written stays on disk"
         sys.stderr.write(f"\nsecond signal ({name}): stopping at once; {kept}\n")
@@ -250,6 +256,11 @@ class Checkpointer:
         if write:
             remove_stale_temps(self.path)  # left by a process killed while writing its checkpoint
 
+    @property
+    def next_step(self) -> int:
+        """The step the run does next: 1, or the one after the checkpoint it resumes from."""
+        return 1 if self.last_step is None else self.last_step + 1
+
     def due(self, step: int) -> bool:
         """A periodic checkpoint is due after ``step``."""
         return self.every > 0 and step % self.every == 0
@@ -287,7 +298,7 @@ class Checkpointer:
         if not signals.requested(device):
             return
         if self.last_step is None:
-            kept = "no checkpoint was written, so there is nothing to resume: run the command again"
+            kept = f"no checkpoint was written, {NOTHING_TO_RESUME}"
         else:
             kept = f"{self.path} holds step {self.last_step}; continue with: {resume_command(self.path.parent)}"
         raise Interrupted(signals.received or signal.SIGTERM, f"stopped by signal {where}; {kept}")

@@ -178,7 +178,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     n_params = sum(p.numel() for p in model.parameters())
 
     ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
-    ckpts.stop_if_signalled(signals, device, f"before step {ckpt['step'] + 1 if ckpt is not None else 1}, before writing anything")
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}, before writing anything")
     if main:
         if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
             prepare_out_dir(out, overwrite or resume)
@@ -214,8 +214,8 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
     distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
                            f"  model: {n_params:,} parameters, device {device}{procs}{resumed}", file=sys.stderr)
-    ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
-    signals.when = "at the end of the step in progress, after writing a checkpoint"
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}")
+    signals.when = StopSignals.IN_STEPS
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:

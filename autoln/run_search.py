@@ -211,7 +211,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         monitor_batch = tuple(t.to(device) for t in fixed)
 
     ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
-    ckpts.stop_if_signalled(signals, device, f"before step {ckpt['step'] + 1 if ckpt is not None else 1}, before writing anything")
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}, before writing anything")
     if main:
         if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
             prepare_out_dir(out, overwrite or resume)
@@ -243,8 +243,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     distributed.print_main(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
           f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, device {device}{procs}{resumed}",
           file=sys.stderr)
-    ckpts.stop_if_signalled(signals, device, f"before step {start + 1}")
-    signals.when = "at the end of the step in progress, after writing a checkpoint"
+    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}")
+    signals.when = StopSignals.IN_STEPS
     session = time.perf_counter()
 
     def checkpoint(step: int) -> None:
