@@ -28,7 +28,7 @@ from typing import Any, Optional
 import yaml
 
 from .errors import ConfigError
-from .placements import FIXED, NORMS, PLACEMENTS, parse_name, placement_names
+from .placements import FIXED, NORMS, PLACEMENTS, RESIDUAL_INITS, parse_name, placement_names
 
 TOKENIZERS = ("bytes", "chars", "words")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
@@ -94,6 +94,12 @@ class ModelConfig:
     output bias, Lin et al. 2017 "Focal Loss", §3.3; Karpathy 2019 "A Recipe for Training
     Neural Networks", "init well"). ``none``: no bias (GPT-2/nanoGPT's head; Post-LN and
     DeepNorm stacks then sit at the unigram plateau for hundreds of steps, see the README).
+
+    ``residual_init``: how the residual branches start. ``scaled`` (default): the output
+    projections (attention out, FFN second layer) times GPT-2's ``1/sqrt(2N)`` (Radford et
+    al. 2019, §2.3), for every placement and in the supernet; DeepNorm's derived sites keep
+    their own gain ``b``. ``unscaled``: plain ``xavier_normal_`` (the earlier start, under which
+    a 24-block supernet stays at the unigram plateau, see the README).
     """
 
     n_layers: int = 6
@@ -107,6 +113,7 @@ class ModelConfig:
     granularity: str = "layer"
     output_bias: str = "unigram"
     affine: str = "learnable"
+    residual_init: str = "scaled"
 
     def validate(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "d_ff", "context"):
@@ -120,6 +127,7 @@ class ModelConfig:
         _one_of("model.norm", self.norm, tuple(NORMS))
         _one_of("model.granularity", self.granularity, GRANULARITIES)
         _one_of("model.output_bias", self.output_bias, OUTPUT_BIASES)
+        _one_of("model.residual_init", self.residual_init, RESIDUAL_INITS)
         if not self.candidates:
             raise ConfigError("model.candidates must name at least one placement")
         for name in self.candidates:
@@ -511,11 +519,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+#: Keys added with a default that changed what earlier runs did: a record without the key was
+#: made the earlier way, so :func:`with_defaults` fills in that value, not today's default.
+EARLIER_BEHAVIOUR = {("model", "residual_init"): "unscaled"}
+
+
 def with_defaults(recorded: dict) -> dict:
     """A config dict recorded by an earlier run (checkpoint, genotype provenance, comparison
-    record), with every key added since then at its built-in default, so that comparing it
+    record), with every key added since then at its built-in default (or, for a key in
+    :data:`EARLIER_BEHAVIOUR`, at what runs did before the key existed), so that comparing it
     with today's config reports real differences only. Sections and keys it holds are kept."""
     out = Config().to_dict()
+    for (section, key), value in EARLIER_BEHAVIOUR.items():
+        if isinstance(recorded.get(section), dict) and key not in recorded[section]:
+            out[section][key] = value
     for section, values in recorded.items():
         if isinstance(values, dict) and isinstance(out.get(section), dict):
             out[section] = {**out[section], **values}

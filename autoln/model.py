@@ -23,7 +23,7 @@ from torch import nn
 
 from . import distributed
 from .config import ModelConfig
-from .placements import NORMS, build_placement
+from .placements import NORMS, build_placement, scale_residual_branch
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -86,6 +86,10 @@ class CausalSelfAttention(nn.Module):
         """The matrices DeepNorm's init gain ``b`` scales: value and output projections."""
         return [self.v_proj.weight, self.o_proj.weight]
 
+    def output_projections(self) -> list[nn.Parameter]:
+        """The matrix that writes into the residual stream (GPT-2's scaled ``c_proj``): the output projection."""
+        return [self.o_proj.weight]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, d_model)`` -> ``(B, T, d_model)``; position ``t`` attends to ``<= t``."""
         b, t, d = x.shape
@@ -117,6 +121,10 @@ class FFN(nn.Module):
     def residual_path_weights(self) -> list[nn.Parameter]:
         """The matrices DeepNorm's init gain ``b`` scales: both FFN projections."""
         return [self.fc1.weight, self.fc2.weight]
+
+    def output_projections(self) -> list[nn.Parameter]:
+        """The matrix that writes into the residual stream (GPT-2's scaled ``c_proj``): ``fc2``."""
+        return [self.fc2.weight]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, d_model)`` -> ``(B, T, d_model)``."""
@@ -212,11 +220,15 @@ class TransformerLM(nn.Module):
     embedding, with a bias when ``cfg.output_bias == "unigram"`` (zeros until
     :meth:`init_output_bias` sets it to the training split's log unigram frequencies).
 
-    Initialisation: embeddings ``N(0, 0.02)``; every linear ``xavier_normal_`` (gain 1); then,
-    at each site with a single placement, the branch's residual-path weights (attention value
-    and output, FFN fc1 and fc2) are multiplied by that placement's ``init_gain()`` — DeepNorm's
-    ``b`` (Wang et al. 2022; Transformer-Clinic's ``xavier_normal_(gain=b)``), 1 otherwise.
-    Supernet sites (several candidates) keep gain 1: their branch is shared (docs/design.md §3).
+    Initialisation (docs/design.md §9, the README's *A fair start for every placement*):
+    embeddings ``N(0, 0.02)``; every linear ``xavier_normal_`` (gain 1); then each branch
+    starts as its site's placement says (:meth:`autoln.placements.Placement.init_branch`):
+    with ``cfg.residual_init == "scaled"`` (the default) the output projections (attention
+    ``o_proj``, FFN ``fc2``) times GPT-2's ``1/sqrt(2N)`` (Radford et al. 2019, §2.3), for
+    every placement and at every supernet site (several candidates share one branch); a
+    derived DeepNorm site instead takes DeepNorm's own gain ``b`` on value, output, fc1 and fc2
+    (Wang et al. 2022; Transformer-Clinic's ``xavier_normal_(gain=b)``, as torchscale).
+    ``unscaled`` leaves every branch at plain xavier (the start before GPT-2's scaling).
 
     Args:
         cfg: model dimensions (``cfg.candidates``/``granularity`` are not read here).
@@ -256,9 +268,9 @@ class TransformerLM(nn.Module):
             for block in self.blocks:
                 for branch, site in ((block.attn, block.attn_site), (block.ffn, block.ffn_site)):
                     if len(site.placements) == 1:
-                        gain = next(iter(site.placements.values())).init_gain()
-                        for weight in branch.residual_path_weights():
-                            weight.mul_(gain)
+                        next(iter(site.placements.values())).init_branch(branch, self.cfg.residual_init)
+                    else:
+                        scale_residual_branch(branch, self.cfg.n_layers, self.cfg.residual_init)
 
     def init_output_bias(self, log_probs) -> "TransformerLM":
         """Start the LM head's bias at ``log_probs`` ``(vocab_size,)`` (float, natural log), the

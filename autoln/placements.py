@@ -7,8 +7,9 @@ candidate is one class and one registry line. A placement declares
 - ``branch_input(x)``: what ``F`` is fed (``LN(x)`` for Pre-LN, ``x`` itself for Post-LN and
   DeepNorm; placements with ``raw_input = True`` feed ``x`` and so share one call of ``F``);
 - ``output(x, fx)``: how ``F``'s output joins the residual stream;
-- ``init_gain(n_layers)``: the gain the *derived* model applies to the branch's value, output
-  and FFN weights at initialisation (1 for all but DeepNorm);
+- ``init_branch(branch, residual_init)``: how the *derived* model starts the branch's weights:
+  GPT-2's residual scaling of the output projections by ``1/sqrt(2N)`` for every placement
+  (:func:`scale_residual_branch`), DeepNorm its own gain ``b`` on value, output and FFN weights;
 - ``mix_into(acc, x, fx, w)``: ``acc + w * output(x, fx)``, one term of the supernet's
   mixture. Placements that end in a norm (``ends_in_norm``) fold ``w`` into the norm's gain and
   bias (``w * LN_{g,b}(z) = LN_{w g, w b}(z)``); the others use one fused ``addcmul``. Either
@@ -112,6 +113,41 @@ def deepnorm_constants(n_layers: int, architecture: str = "decoder", n_decoder_l
 
 
 FIXED = ":fixed"
+#: ``model.residual_init`` values: ``scaled`` (GPT-2's ``1/sqrt(2N)``, the default) | ``unscaled``.
+RESIDUAL_INITS = ("scaled", "unscaled")
+
+
+def residual_scale(n_layers: int) -> float:
+    """GPT-2's residual init scale ``1/sqrt(2N)`` for ``N = n_layers`` blocks (2N residual
+    branches): Radford et al. 2019, "Language Models are Unsupervised Multitask Learners",
+    §2.3 ("scale the weights of residual layers at initialization by a factor of 1/sqrt(N)
+    where N is the number of residual layers"); nanoGPT's ``c_proj`` std ``0.02/sqrt(2 *
+    n_layer)``. N=6 gives 0.2887, N=24 0.1443.
+
+    Raises:
+        ValueError: ``n_layers`` not positive.
+    """
+    if n_layers <= 0:
+        raise ValueError(f"n_layers must be positive, got {n_layers}")
+    return (2 * n_layers) ** -0.5
+
+
+def scale_residual_branch(branch: nn.Module, n_layers: int, residual_init: str) -> None:
+    """Multiply ``branch.output_projections()`` (the matrices that write into the residual
+    stream: attention's output projection, the FFN's second layer) by :func:`residual_scale`
+    when ``residual_init == "scaled"``; nothing for ``"unscaled"`` (plain ``xavier_normal_``).
+    The start of every placement but DeepNorm in the derived model, and of every supernet
+    site (one shared branch). In place; call under ``torch.no_grad()``.
+
+    Raises:
+        ValueError: unknown ``residual_init``.
+    """
+    if residual_init not in RESIDUAL_INITS:
+        raise ValueError(f"model.residual_init: expected one of {list(RESIDUAL_INITS)}, got {residual_init!r}")
+    if residual_init == "scaled":
+        scale = residual_scale(n_layers)
+        for weight in branch.output_projections():
+            weight.mul_(scale)
 
 
 def _mix_normed_branch(acc: Optional[torch.Tensor], x: torch.Tensor, norm: nn.Module, fx: torch.Tensor,
@@ -159,8 +195,14 @@ class Placement(nn.Module, abc.ABC):
         """The sublayer's output ``(B, T, d_model)`` from its input ``x`` and ``fx = F(branch_input(x))``."""
 
     def init_gain(self) -> float:
-        """Gain on the branch's value/output/FFN weights at init in the derived model."""
+        """Gain on the branch's value/output/FFN weights at init in the derived model (1; DeepNorm's ``b``)."""
         return 1.0
+
+    def init_branch(self, branch: nn.Module, residual_init: str) -> None:
+        """Start ``branch``'s weights (already ``xavier_normal_``) as this placement's derived
+        model does: :func:`scale_residual_branch` (GPT-2's ``1/sqrt(2N)`` on the output
+        projections, or nothing for ``residual_init="unscaled"``). In place, under ``no_grad``."""
+        scale_residual_branch(branch, self.n_layers, residual_init)
 
     def mix_into(self, acc: Optional[torch.Tensor], x: torch.Tensor, fx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """One term of the supernet's mixture (docs/design.md §3): ``acc + weight * output(x, fx)``
@@ -232,6 +274,13 @@ class DeepNorm(Placement):
 
     def init_gain(self) -> float:
         return self.beta
+
+    def init_branch(self, branch: nn.Module, residual_init: str) -> None:
+        """DeepNorm's own start, whatever ``residual_init``: the value, output and FFN weights
+        times ``b = (8N)^(-1/4)`` (Wang et al. 2022; torchscale divides them by ``(8N)^(1/4)``
+        and applies no GPT-2 scaling on top)."""
+        for weight in branch.residual_path_weights():
+            weight.mul_(self.beta)
 
 
 class PeriLN(Placement):

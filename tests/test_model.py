@@ -20,36 +20,62 @@ def _derived(cfg, placements, seed=0):
 
 
 def test_deepnorm_init_gain_on_exactly_four_matrices(tiny_model_cfg):
+    """DeepNorm's derived init is unchanged by GPT-2's residual scaling: ``b`` times plain xavier
+    on v, o, fc1, fc2 (torchscale), every other weight the same draw."""
     n = tiny_model_cfg.n_layers
     _, b = deepnorm_constants(n)
-    pre = _derived(tiny_model_cfg, [("pre", "pre")] * n)
-    deep = _derived(tiny_model_cfg, [("deepnorm", "deepnorm")] * n)
-    scaled = {f"blocks.{i}.{m}.weight" for i in range(n) for m in ("attn.v_proj", "attn.o_proj", "ffn.fc1", "ffn.fc2")}
-    pre_params, deep_params = dict(pre.named_parameters()), dict(deep.named_parameters())
-    common = [k for k in pre_params if k in deep_params]
-    assert len(scaled) == 4 * n and scaled <= set(common)
-    for name in common:
-        ratio = deep_params[name].detach().std() / pre_params[name].detach().std()
-        if name in scaled:
-            assert ratio.item() == pytest.approx(b, rel=1e-6), name
-            torch.testing.assert_close(deep_params[name], b * pre_params[name])
-        else:
-            assert torch.equal(deep_params[name], pre_params[name]), name
+    plain = _derived(ModelConfig(**{**tiny_model_cfg.__dict__, "residual_init": "unscaled"}), [("pre", "pre")] * n)
+    for residual_init in ("scaled", "unscaled"):
+        deep = _derived(ModelConfig(**{**tiny_model_cfg.__dict__, "residual_init": residual_init}), [("deepnorm", "deepnorm")] * n)
+        scaled = {f"blocks.{i}.{m}.weight" for i in range(n) for m in ("attn.v_proj", "attn.o_proj", "ffn.fc1", "ffn.fc2")}
+        pre_params, deep_params = dict(plain.named_parameters()), dict(deep.named_parameters())
+        common = [k for k in pre_params if k in deep_params]
+        assert len(scaled) == 4 * n and scaled <= set(common)
+        for name in common:
+            if name in scaled:
+                ratio = deep_params[name].detach().std() / pre_params[name].detach().std()
+                assert ratio.item() == pytest.approx(b, rel=1e-6), name
+                torch.testing.assert_close(deep_params[name], b * pre_params[name])
+            else:
+                assert torch.equal(deep_params[name], pre_params[name]), name
 
 
 def test_init_gain_follows_each_sublayer(tiny_model_cfg):
+    """Per site: DeepNorm's ``b`` on v/o/fc1/fc2, every other placement GPT-2's ``1/sqrt(2N)`` on
+    o_proj and fc2 only, against the same draws at plain xavier."""
     n = tiny_model_cfg.n_layers
     _, b = deepnorm_constants(n)
+    s = (2 * n) ** -0.5
     mixed = [("pre", "deepnorm"), ("deepnorm", "post"), ("post", "pre")]
-    ref = _derived(tiny_model_cfg, [("pre", "pre")] * n)
+    ref = _derived(ModelConfig(**{**tiny_model_cfg.__dict__, "residual_init": "unscaled"}), [("pre", "pre")] * n)
     m = _derived(tiny_model_cfg, mixed)
     for i, (attn, ffn) in enumerate(mixed):
         for branch, place, names in (("attn", attn, ("v_proj", "o_proj", "q_proj", "k_proj")), ("ffn", ffn, ("fc1", "fc2"))):
             for w in names:
                 got = getattr(getattr(m.blocks[i], branch), w).weight
                 want = getattr(getattr(ref.blocks[i], branch), w).weight
-                gain = b if place == "deepnorm" and w not in ("q_proj", "k_proj") else 1.0
+                if place == "deepnorm":
+                    gain = b if w not in ("q_proj", "k_proj") else 1.0
+                else:
+                    gain = s if w in ("o_proj", "fc2") else 1.0
                 torch.testing.assert_close(got, gain * want)
+
+
+@pytest.mark.parametrize("n_layers", [6, 24])
+def test_residual_init_std_follows_gpt2_formula(n_layers):
+    """At init the output projections' std is xavier's ``sqrt(2 / (fan_in + fan_out))`` times
+    ``1/sqrt(2N)`` (GPT-2), in the derived model and at every supernet site; the value and
+    first FFN layer keep xavier's std."""
+    cfg = ModelConfig(n_layers=n_layers, d_model=96, n_heads=4, d_ff=384, context=8)
+    d, f = cfg.d_model, cfg.d_ff
+    s = (2 * n_layers) ** -0.5
+    assert s == pytest.approx({6: 0.288675, 24: 0.144338}[n_layers], rel=1e-5)
+    want = {"attn.o_proj": s * (2 / (2 * d)) ** 0.5, "ffn.fc2": s * (2 / (d + f)) ** 0.5,
+            "attn.v_proj": (2 / (2 * d)) ** 0.5, "ffn.fc1": (2 / (d + f)) ** 0.5}
+    for model in (_derived(cfg, [("post", "pre")] * n_layers), Supernet(cfg, VOCAB)):
+        for name, std in want.items():
+            got = torch.cat([model.get_submodule(f"blocks.{i}.{name}").weight.flatten() for i in range(n_layers)]).std()
+            assert got.item() == pytest.approx(std, rel=0.02), name
 
 
 def _one_hot_supernet(cfg, rows):
@@ -82,7 +108,10 @@ def test_one_hot_supernet_equals_derived_model(tiny_model_cfg, granularity, choi
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
     net.init_output_bias(torch.log_softmax(torch.randn(VOCAB), 0))  # the LM head's bias is shared too
+    torch.manual_seed(0)
     derived = build_derived(cfg, VOCAB, per_block)
+    if choice != "deepnorm":  # at init, before any weight is copied: the same start as the supernet's sites
+        torch.testing.assert_close(derived.blocks[0].ffn.fc2.weight, net.blocks[0].ffn.fc2.weight, rtol=0, atol=0)
     missing, unexpected = derived.load_state_dict(net.state_dict(), strict=False)
     assert missing == []
     assert "alphas" in unexpected
