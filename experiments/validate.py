@@ -54,26 +54,39 @@ def verdict(searched: list[float], best: list[float]) -> str:
     return "beats" if gap < -sd else "matches" if gap <= sd else "loses"
 
 
+def setting_config(name: str, base_overrides: list[str], config: str | None):
+    """The config of setting ``name``: ``config`` (or the defaults), ``base_overrides``, then the
+    setting's own overrides (:data:`SETTINGS`). Raises ConfigError as :func:`load_config`."""
+    return load_config(config, [*base_overrides, *SETTINGS[name]])
+
+
+def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Path:
+    """The default search of setting ``name`` in ``<out>/<name>/search``: reused when finished
+    with the same settings (else ConfigError, unless ``overwrite``), resumed from its checkpoint
+    when interrupted, else run. Returns its ``genotype.json``."""
+    from autoln.consensus import check_same_search
+    from autoln.run_search import run_search
+
+    search_dir = out / name / "search"
+    if (search_dir / "genotype.json").exists() and not overwrite:
+        check_same_search(search_dir, cfg)
+        print(f"[validate] {name}: reusing {search_dir / 'genotype.json'}", file=sys.stderr)
+        return search_dir / "genotype.json"
+    resume = (search_dir / "checkpoint.pt").exists() and not overwrite
+    print(f"[validate] {name}: search -> {search_dir}", file=sys.stderr, flush=True)
+    return run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
+
+
 def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False) -> dict:
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
     ``overwrite``, which redoes them)."""
-    from autoln.consensus import check_same_search
     from autoln.compare import run_compare
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
-    from autoln.run_search import run_search
 
-    cfg = load_config(config, [*base_overrides, *SETTINGS[name]])
-    search_dir = out / name / "search"
-    if (search_dir / "genotype.json").exists() and not overwrite:
-        check_same_search(search_dir, cfg)
-        genotype_path = search_dir / "genotype.json"
-        print(f"[validate] {name}: reusing {genotype_path}", file=sys.stderr)
-    else:
-        resume = (search_dir / "checkpoint.pt").exists() and not overwrite
-        print(f"[validate] {name}: search -> {search_dir}", file=sys.stderr, flush=True)
-        genotype_path = run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
+    cfg = setting_config(name, base_overrides, config)
+    genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
     entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite)
     headline = HEADLINE[cfg.data.tokenizer]

@@ -1,0 +1,193 @@
+"""Random search at the search's budget: the bar a differentiable search has to clear.
+
+Per setting of ``experiments/validate.py`` (same ``--out``, so the setting's search is reused):
+spend the wall time of the setting's default search (its ``wall_time_s``, or ``--budget-s``) on
+short retrains of random genotypes of the searched space, by successive halving (Jamieson &
+Talwalkar 2016; the random-search baseline of Li & Talwalkar 2019, "Random Search and
+Reproducibility for NAS"):
+
+- rung ``k`` retrains from scratch for ``min_steps * eta^k`` steps (a full schedule of that
+  length), up to ``retrain.steps / eta``: 100 and 300 steps at the default 1000 with
+  ``--min-steps 100 --eta 3``;
+- each rung gets an equal share of the budget (what a rung leaves unspent passes to the next):
+  rung 0 retrains fresh random genotypes (a reproducible stream from ``--sample-seed``, distinct)
+  until its share is spent; rung ``k`` retrains the best ``1/eta`` of rung ``k - 1`` (by valid
+  metric on ``--rank-windows`` valid windows) while its share lasts;
+- the best genotype of the last rung is written as ``<out>/<setting>/random_search/genotype.json``
+  and retrained at the full budget at ``--seeds`` seeds beside the searched genotype (in
+  ``<out>/<setting>/compare/random_search``, outside the budget, as the searched genotype's own
+  retrains are).
+
+Budget accounting uses each short retrain's own ``wall_time_s`` (from its first step to its final
+evaluation, as the search's); run both under the same load (e.g. one thread each). Finished
+short retrains are reused, so the command can be stopped and re-run. It writes
+``<out>/<setting>/random_search/result.json`` and prints the result; ``experiments/ground_truth.py``
+puts it in its report.
+
+    python experiments/random_search.py --data WIKITEXT_FOLDER [--settings shallow,deep] [--budget-s S]
+        [--min-steps 100] [--eta 3] [--seeds 3] [--out runs/validate]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
+
+from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.io import write_json_atomic  # noqa: E402
+
+
+def rung_steps(min_steps: int, eta: int, full_steps: int) -> list[int]:
+    """Steps of each rung: ``min_steps * eta^k`` up to ``full_steps / eta`` (the last rung picks
+    the genotype that is then retrained at ``full_steps``), at least one rung.
+    E.g. ``(100, 3, 1000) -> [100, 300]``; ``(100, 2, 1000) -> [100, 200, 400]``."""
+    steps = [min_steps]
+    while steps[-1] * eta * eta <= full_steps:
+        steps.append(steps[-1] * eta)
+    return steps
+
+
+def short_config(cfg, steps: int, windows: int):
+    """``cfg`` with a retrain of ``steps`` steps (a full schedule of that length; the warm-up as
+    configured, cut below ``steps``), evaluated once, at the end, on ``windows`` valid and test
+    windows; no TensorBoard."""
+    rc = dataclasses.replace(cfg.retrain, steps=steps, eval_every=steps, final_eval_windows=windows,
+                             warmup_steps=min(cfg.retrain.warmup_steps, steps - 1))
+    return dataclasses.replace(cfg, retrain=rc, checkpoint=dataclasses.replace(cfg.checkpoint, every=steps),
+                               logging=dataclasses.replace(cfg.logging, tensorboard=False, progress=False))
+
+
+def short_retrain(cfg, spec: str, folder: Path) -> dict:
+    """One short retrain in ``folder`` (reused when finished; a diverged one scores inf)."""
+    from autoln.errors import DivergenceError
+    from autoln.run_retrain import METRICS_FILE, run_retrain
+
+    if (folder / METRICS_FILE).exists():
+        return json.loads((folder / METRICS_FILE).read_text())
+    try:
+        run_retrain(cfg, spec, folder, overwrite=True)
+    except DivergenceError as exc:
+        return {"valid": {"loss": math.inf}, "wall_time_s": float(getattr(exc, "wall_time_s", 0.0) or 0.0), "diverged": str(exc)}
+    return json.loads((folder / METRICS_FILE).read_text())
+
+
+def run_setting(name: str, overrides: list[str], config: str | None, budget_s: float | None, min_steps: int, eta: int,
+                seeds: int, sample_seed: int, rank_windows: int, out: Path) -> dict:
+    """Successive halving of random genotypes within the budget, then the best at ``seeds`` seeds."""
+    from autoln.compare import run_compare
+    from autoln.data import HEADLINE, load_corpus
+    from autoln.errors import ConfigError
+    from autoln.fidelity import sample_genotypes
+    from autoln.genotype import Genotype, from_probabilities
+
+    cfg = setting_config(name, overrides, config)
+    headline = HEADLINE[cfg.data.tokenizer]
+    searched = searched_genotype(cfg, name, out)
+    if budget_s is None:
+        budget_s = Genotype.load(searched).provenance.get("metrics", {}).get("wall_time_s")
+        if not budget_s:
+            raise ConfigError(f"{searched} records no wall_time_s; give --budget-s")
+    folder = out / name / "random_search"
+    cands = cfg.model.searched_candidates()
+    vocab = load_corpus(cfg.data).vocab_size
+    rungs = rung_steps(min_steps, eta, cfg.retrain.steps)
+    space = len(cands) ** cfg.model.n_layers
+    draws: list[list[str]] = []
+
+    def genotype_file(i: int) -> str:
+        while len(draws) <= i:
+            draws.append(sample_genotypes(len(draws) + 1, cfg.model.n_layers, cands, sample_seed)[-1])
+        path = folder / "genotypes" / f"r{i:03d}.json"
+        if not path.exists():
+            idx = [cands.index(p) for p in draws[i]]
+            from_probabilities(np.eye(len(cands))[idx], cfg.model, vocab, {"random_search": {"seed": sample_seed, "index": i}}, idx).save(path)
+        return str(path)
+
+    spent, evaluated, share_left = 0.0, 0, 0.0
+    history: list[list[dict]] = []
+    for k, steps in enumerate(rungs):
+        share_left += budget_s / len(rungs)
+        short = short_config(cfg, steps, rank_windows)
+        if k == 0:
+            pool = range(space)
+        else:
+            ranked = sorted(history[-1], key=lambda r: r["valid"])
+            pool = [r["index"] for r in ranked[:max(1, math.ceil(len(ranked) / eta))]]
+        done: list[dict] = []
+        # the cost of one run here: this rung's mean so far, or the last rung's scaled by the steps
+        mean_cost = statistics.mean(r["wall_time_s"] for r in history[-1]) * steps / rungs[k - 1] if k else None
+        for i in pool:
+            if mean_cost is not None and mean_cost > share_left:
+                break  # the next run would overspend this rung's share
+            spec = genotype_file(i)
+            print(f"[random search] {name}: rung {k} ({steps} steps) genotype r{i:03d} ({share_left:.0f} s left)", file=sys.stderr, flush=True)
+            m = short_retrain(short, spec, folder / f"rung{k}" / f"r{i:03d}")
+            cost = float(m.get("wall_time_s", 0.0))
+            spent, share_left, evaluated = spent + cost, share_left - cost, evaluated + 1
+            done.append({"index": i, "placements": " ".join(draws[i]), "valid": float(m["valid"].get(headline, m["valid"]["loss"])),
+                         "wall_time_s": cost})
+            mean_cost = statistics.mean(r["wall_time_s"] for r in done)
+        history.append(done)
+    last = [r for r in history[-1] if np.isfinite(r["valid"])] or [r for h in history for r in h if np.isfinite(r["valid"])]
+    if not last:
+        raise ConfigError(f"random search in {folder}: every short retrain diverged")
+    best = min(last, key=lambda r: r["valid"])
+    best_file = folder / "genotype.json"
+    Genotype.load(genotype_file(best["index"])).save(best_file)
+    print(f"[random search] {name}: best {best['placements']}; retraining it at {seeds} seeds", file=sys.stderr, flush=True)
+    entries = run_compare(cfg, [str(best_file)], [], seeds, out / name / "compare")
+    runs = [r["valid"][headline] for r in entries[0].runs if r is not None]
+    result = {"setting": name, "budget_s": budget_s, "spent_s": spent, "evaluated": evaluated, "rungs": rungs, "eta": eta,
+              "placements": best["placements"], "history": history, "headline": headline,
+              "valid": runs, "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None}
+    write_json_atomic(folder / "result.json", result)
+    return result
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="random_search.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="data.corpus (the README's tables use a WikiText-2 folder)")
+    p.add_argument("--config", metavar="FILE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--settings", default="shallow,deep", help=f"comma-separated subset of {list(SETTINGS)}")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds to spend (default: the setting's search wall time)")
+    p.add_argument("--min-steps", type=int, default=100, help="steps of the first rung (default 100)")
+    p.add_argument("--eta", type=int, default=3, help="keep the best 1/eta of a rung; the next rung trains eta times longer (default 3)")
+    p.add_argument("--rank-windows", type=int, default=128, help="valid windows that rank a short retrain (default 128)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--sample-seed", type=int, default=1, help="stream of random genotypes (ground_truth.py's sample uses 0)")
+    p.add_argument("--out", default="runs/validate")
+    args = p.parse_args(argv)
+
+    def body() -> None:
+        from autoln.errors import ConfigError
+
+        names = [s.strip() for s in args.settings.split(",") if s.strip()]
+        if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
+            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        if args.min_steps < 1 or args.eta < 2 or args.seeds < 1 or args.rank_windows < 1:
+            raise ConfigError("--min-steps, --seeds and --rank-windows must be positive and --eta at least 2")
+        if args.budget_s is not None and not args.budget_s > 0:
+            raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
+        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        for n in names:
+            r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,
+                            args.sample_seed, args.rank_windows, Path(args.out))
+            mean = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "") if r["mean"] is not None else "-"
+            print(f"{n}: random search spent {r['spent_s']:.0f} of {r['budget_s']:.0f} s on {r['evaluated']} short retrains "
+                  f"(rungs {r['rungs']} steps); best {r['placements']}: valid {r['headline']} {mean} over {len(r['valid'])} seeds")
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The search judged against its space: sampling, one-hot scoring by the supernet, Kendall's tau,
+and the ground-truth and random-search commands on the tiny config."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from autoln.config import ModelConfig
+from autoln.data import eval_starts
+from autoln.fidelity import kendall_tau, one_hot_mixing, sample_genotypes, score_genotypes
+from autoln.model import build_derived
+from autoln.supernet import Supernet
+from autoln.training import evaluate
+
+from .conftest import ROOT
+
+VOCAB = 23
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kendall_tau_on_hand_counted_pairs():
+    # one discordant pair of six: (5 - 1) / 6
+    assert kendall_tau([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(4 / 6, abs=1e-12)
+    assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0, abs=1e-12)
+    # a tie in x: C = 5, D = 0, one pair tied in x only: tau-b = 5 / sqrt(6 * 5)
+    assert kendall_tau([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / math.sqrt(30), abs=1e-12)
+
+
+@pytest.mark.parametrize("x, y, match", [
+    ([1, 2, 3], [1, 2], "one length"),
+    ([1], [1], "two pairs"),
+    ([1, 2, float("nan")], [1, 2, 3], "finite"),
+    ([1, 1, 1], [1, 2, 3], "constant"),
+])
+def test_kendall_tau_refuses_what_it_cannot_rank(x, y, match):
+    with pytest.raises(ValueError, match=match):
+        kendall_tau(x, y)
+
+
+def test_sample_is_distinct_reproducible_and_grows_as_a_prefix():
+    cands = ["pre", "post", "deepnorm"]
+    every = sample_genotypes(9, 2, cands, seed=3)
+    assert sorted(map(tuple, every)) == sorted((a, b) for a in cands for b in cands)  # the whole space, once each
+    assert sample_genotypes(4, 2, cands, seed=3) == every[:4]
+    assert sample_genotypes(5, 6, cands, seed=0) == sample_genotypes(5, 6, cands, seed=0)
+    assert sample_genotypes(5, 6, cands, seed=0) != sample_genotypes(5, 6, cands, seed=1)
+    rest = sample_genotypes(7, 2, cands, seed=3, exclude=every[:2])
+    assert not {tuple(g) for g in rest} & {tuple(g) for g in every[:2]} and len({tuple(g) for g in rest}) == 7
+    with pytest.raises(ValueError, match="holds 9 more"):
+        sample_genotypes(10, 2, cands, seed=0)
+    with pytest.raises(ValueError, match="two candidates"):
+        sample_genotypes(1, 2, ["pre"], seed=0)
+
+
+def test_sample_is_uniform_over_the_space():
+    """The first draw over 2700 seeds: each of the 9 genotypes of 3^2 about 300 times (binomial
+    std 15.7; 5 std bounds)."""
+    counts = Counter(tuple(sample_genotypes(1, 2, ["a", "b", "c"], seed=s)[0]) for s in range(2700))
+    assert len(counts) == 9 and all(221 < c < 379 for c in counts.values()), counts
+
+
+def test_one_hot_score_is_the_derived_models_loss(tiny_model_cfg):
+    """The supernet's score of a genotype equals the loss of its derived model with the same
+    weights, for every candidate at every block and a mixed genotype; alphas play no part."""
+    torch.manual_seed(0)
+    net = Supernet(tiny_model_cfg, VOCAB)
+    with torch.no_grad():
+        net.alphas.normal_(0, 3.0)
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    tokens = np.random.default_rng(0).integers(0, VOCAB, 400)
+    starts = eval_starts(len(tokens), tiny_model_cfg.context, 12)
+    n = tiny_model_cfg.n_layers
+    genotypes = [[(c, c)] * n for c in ("pre", "post", "deepnorm")] + [[("post", "post"), ("pre", "pre"), ("deepnorm", "deepnorm")]]
+    scores = score_genotypes(net, genotypes, tokens, starts, batch_size=5)
+    for g, score in zip(genotypes, scores):
+        derived = build_derived(tiny_model_cfg, VOCAB, g)
+        derived.load_state_dict(net.state_dict(), strict=False)
+        want = evaluate(derived, tokens, starts, tiny_model_cfg.context, 5, torch.device("cpu"))
+        assert score == pytest.approx(want, abs=1e-6)
+    assert len(set(np.round(scores, 6))) == len(genotypes)  # the genotypes score differently
+    mix = one_hot_mixing(net, genotypes[-1])
+    assert mix.shape == (n, 2, 3) and torch.equal(mix.sum(-1), torch.ones(n, 2))
+    assert mix[0, 0].tolist() == [0.0, 1.0, 0.0] and mix[2, 1].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_one_hot_mixing_refuses_what_the_supernet_cannot_hold(tiny_model_cfg):
+    net = Supernet(tiny_model_cfg, VOCAB)
+    with pytest.raises(ValueError, match="'peri' is not a candidate"):
+        one_hot_mixing(net, [("peri", "peri")] * tiny_model_cfg.n_layers)
+    with pytest.raises(ValueError, match="2 blocks given for a supernet of 3"):
+        one_hot_mixing(net, [("pre", "pre")] * 2)
+    with pytest.raises(ValueError, match="one alpha row per block"):
+        one_hot_mixing(net, [("pre", "post")] * tiny_model_cfg.n_layers)
+    sub = Supernet(ModelConfig(**{**tiny_model_cfg.__dict__, "granularity": "sublayer"}), VOCAB)
+    assert one_hot_mixing(sub, [("pre", "post")] * tiny_model_cfg.n_layers)[0].argmax(-1).tolist() == [0, 1]
+
+
+def test_percentile_and_rungs():
+    gt, rs = _script("ground_truth"), _script("random_search")
+    assert gt.percentile(2.0, [1.0, 3.0, 4.0, 2.0]) == pytest.approx(62.5)  # 2 worse, 1 tie
+    assert gt.percentile(0.5, [1.0, 2.0]) == 100.0 and gt.percentile(9.0, [1.0, 2.0]) == 0.0
+    assert rs.rung_steps(100, 3, 1000) == [100, 300]
+    assert rs.rung_steps(100, 2, 1000) == [100, 200, 400]
+    assert rs.rung_steps(500, 3, 400) == [500]
+
+
+@pytest.mark.slow
+def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, capsys):
+    """Both commands end to end on the tiny config, sharing one folder: the search is run once;
+    every sample and baseline at seed 0, the top one and the searched at 2 seeds; tau over
+    the sample; the random search's best at 2 seeds; a re-run reuses everything."""
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    corpus = tmp_path / "text.txt"
+    corpus.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")  # small: the runs' set-up is quick
+    out = tmp_path / "gt"
+    common = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--seeds", "2", "--out", str(out),
+              "--set", f"data.corpus={corpus}"]
+    for key in ("search.steps=8", "search.eval_every=4", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
+                "retrain.steps=6", "retrain.eval_every=3", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
+        common += ["--set", key]
+    gt, rs = _script("ground_truth"), _script("random_search")
+    assert rs.main([*common, "--min-steps", "1", "--eta", "2", "--budget-s", "1.0", "--rank-windows", "4"]) == 0
+    result = json.loads((out / "shallow" / "random_search" / "result.json").read_text())
+    assert result["rungs"] == [1, 2] and result["evaluated"] >= 2 and len(result["valid"]) == 2
+    assert result["placements"] in [r["placements"] for r in result["history"][-1]]
+    assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
+    r = json.loads((out / "ground_truth.json").read_text())[0]
+    seed0 = r["fidelity"]["retrained_seed0"]
+    assert len(seed0) == 4 and len(r["fidelity"]["supernet_loss"]) == 4 and -1.0 <= r["fidelity"]["kendall_tau"] <= 1.0
+    assert r["quantiles"]["q0"] == min(seed0) and r["quantiles"]["q100"] == max(seed0)
+    assert len(r["searched"]["valid"]) == 2 and len(r["top"]) == 1 and len(r["top"][0]["valid"]) == 2
+    assert r["top"][0]["seed0"] == min(seed0)
+    assert [b["label"] for b in r["baselines"]] == ["all-pre", "all-post"]
+    assert r["random_search"]["valid"] == result["valid"]
+    metrics = json.loads((out / "shallow" / "compare" / "g00" / "seed0" / "metrics.json").read_text())
+    assert metrics["placements"] == " ".join(json.loads((out / "shallow" / "sample" / "g00.json").read_text())["placements"])
+    stamp = (out / "shallow" / "compare" / "g00" / "seed0" / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
+    assert (out / "shallow" / "compare" / "g00" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp  # reused
+    assert "| random search |" in capsys.readouterr().out
