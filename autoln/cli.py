@@ -205,7 +205,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _print_sites(g) -> None:
     """After a search: the per-site probabilities and choice, the loss rises of perturbation-based
-    selection, and notes on the sites whose answer is weak (no clear winner, rises overruling
+    selection or the best scored genotypes, and notes on the sites whose answer is weak (no clear winner, rises overruling
     the probabilities, no candidate that helps)."""
     from .consensus import site_choices
     from .genotype import site_rows
@@ -224,11 +224,18 @@ def _print_sites(g) -> None:
                 idle.append(site)
         if idle:
             print(f"note: at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary")
+    top = g.provenance["selection"].get("top")
+    if top:
+        print(f"genotypes scored by the supernet ({g.provenance['selection']['search']}, {g.provenance['selection']['evaluated']} "
+              "scored; loss in nats/token with the genotype imposed one-hot, the lowest wins):")
+        for rank, entry in enumerate(top[:5]):
+            print(f"  {rank + 1}. {entry['placements']}: {entry['loss']:.4f}")
     chosen, probs = site_choices(g), g.site_probabilities()
     overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
                  if g.candidates.index(name) != int(row.argmax())]
     if overruled:
-        print(f"note: the loss rises overruled the largest probability at {', '.join(overruled)}")
+        what = "the genotype scores" if top else "the loss rises"
+        print(f"note: {what} overruled the largest probability at {', '.join(overruled)}")
     undecided = undecided_sites(probs, sites)
     if undecided:
         print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "

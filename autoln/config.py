@@ -214,7 +214,7 @@ ORDERS = (1, 2)
 R_DARTS_MIN_EVALUATIONS, R_DARTS_LAG, R_DARTS_START_FRACTION = 7, 4, 0.4
 MIXING_NAMES = ("softmax", "gumbel", "gumbel-hard", "sigmoid")
 EARLY_STOPS = ("none", "hessian")
-SELECTIONS = ("argmax", "perturbation")
+SELECTIONS = ("argmax", "perturbation", "score")
 
 
 @dataclass
@@ -239,7 +239,9 @@ class SearchConfig(TrainConfig):
       ``argmax`` of the alphas (DARTS) or ``perturbation`` (DARTS-PT, Wang et al. 2021), which
       decides the sites one at a time by the valid-loss rise when a candidate is removed,
       measured on ``selection_windows`` fixed D_alpha windows, with ``selection_tune_steps``
-      bilevel steps of fine-tuning between two decisions.
+      bilevel steps of fine-tuning between two decisions; or ``score`` (SPOS, Guo et al.
+      2020), the genotype whose one-hot supernet loss on those windows is lowest, over every
+      genotype (up to 4096) or by evolutionary search.
     """
 
     steps: int = 500

@@ -12,6 +12,10 @@ model (:class:`autoln.model.TransformerLM`) on one fixed batch.
   it (Li et al. 2024, Mix-LN, after Gromov et al. 2024).
 - :func:`update_size`: ``mean_t ||f(x; theta_t) - f(x; theta_0)||_2`` over tokens, ``f`` the
   logits; Post-LN's early updates blow up, DeepNorm bounds them (Wang et al. 2022, Fig. 4-5).
+- :func:`output_change`: how far one Adam-like first step (``lr * sign(grad)``) moves the
+  final hidden state, relative to its size: Admin's output-change measure of how strongly a
+  stack amplifies small parameter changes (Liu et al. 2020, "Understanding the Difficulty of
+  Training Transformers", §4); large for deep Post-LN stacks, which then stall.
 - :class:`SpikeCounter`: steps whose loss exceeds ``factor`` times the running mean.
 
 All take a batch ``x`` of token ids ``(B, T)`` (and ``y`` targets ``(B, T)`` for gradients) and
@@ -83,6 +87,45 @@ def update_size(model: nn.Module, x: torch.Tensor, reference: torch.Tensor) -> f
     """``mean over tokens of ||f(x; theta) - reference||_2`` with ``reference`` =
     :func:`logits` of the initial model on the same ``x``."""
     return float((logits(model, x) - reference).norm(dim=-1).mean())
+
+
+def output_change(model: TransformerLM, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
+    """Relative change of the final hidden state (the final norm's output, which the LM head
+    reads) ``(B, T, d_model)`` after one step ``theta - lr * sign(grad)`` of every weight (Adam's
+    first step is ``lr * sign(grad)``; a supernet's alphas are left alone):
+    ``mean_t ||h'_t - h_t||_2 / mean_t ||h_t||_2``. Liu et al. 2020 (Admin), §4: the output
+    change a small update causes, which grows with depth for Post-LN. A supernet mixes with
+    its deterministic relaxed weights. Eval mode; the model's weights and gradients are
+    restored. ``lr`` in the weights' units (e.g. the first warm-up step's, ``lr /
+    warmup_steps``).
+
+    Raises:
+        ValueError: ``lr`` negative.
+    """
+    if lr < 0:
+        raise ValueError(f"output_change: lr must be non-negative, got {lr}")
+    arch = {id(p) for p in getattr(model, "arch_parameters", lambda: [])()}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in arch]
+    was = model.training
+    model.eval()
+    try:
+        def final_state() -> torch.Tensor:
+            return model.norm_f(model.hidden_states(x)[-1]).double()
+
+        _, loss = model(x, y)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        with torch.no_grad():
+            before = final_state()
+            saved = [p.detach().clone() for p in params]
+            for p, g in zip(params, grads):
+                if g is not None:
+                    p.sub_(lr * g.sign())
+            after = final_state()
+            for p, old in zip(params, saved):
+                p.copy_(old)
+    finally:
+        model.train(was)
+    return float((after - before).norm(dim=-1).mean() / before.norm(dim=-1).mean())
 
 
 @dataclass

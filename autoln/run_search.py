@@ -29,7 +29,7 @@ from .io import write_text_atomic
 from .mixing import linear
 from .monitor import DELTA, RATIO, WINDOW, CollapseMonitor
 from .resources import check_fits
-from .selection import LossFn, Selection, clear_winner, perturbation_select
+from .selection import LossFn, ScoreSelection, Selection, clear_winner, perturbation_select, score_select
 from .supernet import Supernet
 from .tb import Logger
 from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
@@ -139,6 +139,22 @@ def selection_markdown(selection: Selection, sites: list[str], candidates: list[
     rows = [f"| {s} | " + " | ".join(f"{v:+.4f}" for v in row) + f" | {rank[i]} | **{candidates[selection.choices[i]]}** |"
             for i, (s, row) in enumerate(zip(sites, selection.loss_rises))]
     return head + "\n".join(rows)
+
+
+def genotype_names(choices: list[int], candidates: list[str], granularity: str) -> str:
+    """One line naming a genotype given per site as candidate indices (``post pre ...``, or
+    ``post/pre ...`` per block for ``sublayer``)."""
+    names = [candidates[c] for c in choices]
+    if granularity == "layer":
+        return " ".join(names)
+    return " ".join(f"{names[2 * i]}/{names[2 * i + 1]}" for i in range(len(names) // 2))
+
+
+def score_markdown(scored: ScoreSelection, candidates: list[str], granularity: str) -> str:
+    """A Markdown table of genotype scoring: the best genotypes and their one-hot supernet loss."""
+    head = (f"Genotypes scored by the supernet ({scored.method}, {scored.evaluated} scored): loss (nats/token) with the "
+            "genotype imposed one-hot; the lowest wins.\n\n| rank | genotype | loss |\n|---|---|---|\n")
+    return head + "\n".join(f"| {i + 1} | {genotype_names(g, candidates, granularity)} | {v:.4f} |" for i, (g, v) in enumerate(scored.top))
 
 
 #: Called after each evaluation with the step and the valid metrics; may raise to stop the run
@@ -310,7 +326,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         raise
     bar.close()
     valid_metrics, record, stopped_at = state["valid_metrics"], state["record"], state["stopped_at"]
-    selection = None  # a resumed run that was interrupted here redoes the selection from the last step's checkpoint
+    selection = scored = None  # a resumed run that was interrupted here redoes the selection from the last step's checkpoint
     early = None
     if stopped_at is not None:  # R-DARTS returns the architecture from before the rise, as it was then
         early = {"stopped_at_step": stopped_at, "genotype_from_step": monitor.before_rise()[0]}
@@ -344,6 +360,28 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         # the alphas went on training during the fine-tuning: log where they ended, after it
         log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0], image=True,
                    chosen=selection.choices)
+
+    elif sc.selection == "score":
+        signals.when = "during genotype scoring (which starts again from the checkpoint of the search's last step)"
+        sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
+        bar = tqdm(desc="scoring genotypes", unit="genotype", disable=not show, dynamic_ncols=True)
+
+        def scored_one(_: int) -> None:
+            bar.update(1)
+            ckpts.stop_if_signalled(signals, device, "during genotype scoring (which starts again from the checkpoint of "
+                                    "the search's last step)")
+
+        try:
+            scored = score_select(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
+                                  sc.seed, progress=scored_one)
+        except BaseException:
+            log.close()
+            raise
+        finally:
+            bar.close()
+        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+        log.scalars(selected_valid, sc.steps, "valid_selected")
+        log.text("selection", score_markdown(scored, model.candidates, mc.granularity), sc.steps)
 
     probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session
@@ -379,10 +417,16 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             "order": [model.site_names[i] for i in selection.order], "windows": sc.selection_windows,
             "tune_steps": sc.selection_tune_steps, "unit": "nats/token", "fine_tuning_updates": tuned[0],
             "skipped_batches": tune_state["skipped_batches"]})
-    genotype = from_probabilities(probs, mc, corpus.vocab_size, provenance, None if selection is None else selection.choices)
+    if scored is not None:
+        provenance["metrics"]["supernet_valid_selected"] = selected_valid
+        provenance["selection"].update({
+            "search": scored.method, "evaluated": scored.evaluated, "windows": sc.selection_windows, "unit": "nats/token",
+            "loss": round(scored.loss, 6),
+            "top": [{"placements": genotype_names(g, model.candidates, mc.granularity), "loss": round(v, 6)} for g, v in scored.top]})
+    chosen = selection.choices if selection is not None else scored.choices if scored is not None else None
+    genotype = from_probabilities(probs, mc, corpus.vocab_size, provenance, chosen)
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
     distributed.barrier()
-    chosen = None if selection is None else selection.choices
     log.text("genotype", f"final ({sc.selection}): `{genotype.describe()}`\n\n"
              + genotype_markdown(probs, model.site_names, model.candidates, chosen), stopped_at or sc.steps)
     log.close()

@@ -76,3 +76,32 @@ def test_spike_counter():
     assert SpikeCounter(warmup=0).update(1.0) is False
     with pytest.raises(ValueError, match="factor > 1"):
         SpikeCounter(factor=1.0)
+
+
+def test_output_change_is_one_sign_step_of_the_final_state(tiny_model_cfg):
+    """Admin's output change against a hand-made copy stepped by ``lr * sign(grad)``; the
+    model's weights are untouched, and a supernet's alphas take no step."""
+    import copy
+
+    from autoln.diagnostics import output_change
+    from autoln.supernet import Supernet
+
+    x = torch.randint(0, 23, (2, tiny_model_cfg.context))
+    y = torch.randint(0, 23, (2, tiny_model_cfg.context))
+    for model in (build_derived(tiny_model_cfg, 23, [("post", "pre")] * tiny_model_cfg.n_layers), Supernet(tiny_model_cfg, 23)):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        moved = copy.deepcopy(model)
+        params = [p for n, p in moved.named_parameters() if n != "alphas"]
+        _, loss = moved(x, y)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            h0 = moved.norm_f(moved.hidden_states(x)[-1]).double()
+            for p, g in zip(params, grads):
+                p.sub_(1e-3 * g.sign())
+            h1 = moved.norm_f(moved.hidden_states(x)[-1]).double()
+        want = float((h1 - h0).norm(dim=-1).mean() / h0.norm(dim=-1).mean())
+        assert output_change(model, x, y, 1e-3) == pytest.approx(want, rel=1e-9)
+        assert want > 0 and output_change(model, x, y, 0.0) == 0.0
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(ValueError, match="non-negative"):
+        output_change(model, x, y, -1.0)

@@ -154,3 +154,30 @@ def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, ca
     assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
     assert (out / "shallow" / "compare" / "g00" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp  # reused
     assert "| random search |" in capsys.readouterr().out
+
+
+def test_a_search_read_off_by_genotype_scores(tmp_path, cache_dir):
+    """``search.selection=score`` on the tiny config: every one of the 3^2 genotypes scored
+    one-hot on the selection windows, the lowest exported, its score the supernet's loss."""
+    from autoln.config import load_config
+    from autoln.data import WindowSampler, arch_split, load_corpus
+    from autoln.genotype import Genotype
+    from autoln.run_search import run_search
+
+    corpus_file = tmp_path / "text.txt"
+    corpus_file.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"data.corpus={corpus_file}", f"data.cache_dir={cache_dir}", "search.steps=6", "search.arch_warmup_steps=2",
+        "search.eval_every=6", "search.selection=score", "logging.progress=false", "logging.tensorboard=false"])
+    result = run_search(cfg, tmp_path / "s")
+    sel = Genotype.load(tmp_path / "s" / "genotype.json").provenance["selection"]
+    assert sel["method"] == "score" and sel["search"] == "exhaustive" and sel["evaluated"] == 9
+    assert sel["top"][0]["placements"] == result.genotype.describe() and sel["loss"] == sel["top"][0]["loss"]
+    assert [t["loss"] for t in sel["top"]] == sorted(t["loss"] for t in sel["top"])
+    corpus = load_corpus(cfg.data)
+    train, mc, sc = corpus.splits["train"], cfg.model, cfg.search
+    _, a_chunks = arch_split(len(train), mc.context, cfg.data.chunk_tokens, cfg.data.arch_fraction, sc.seed)
+    starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
+    placements = [[(p, p) for p in t["placements"].split()] for t in sel["top"][:3]]
+    again = score_genotypes(result.model, placements, train, starts, sc.batch_size)
+    np.testing.assert_allclose(again, [t["loss"] for t in sel["top"][:3]], atol=2e-6)
