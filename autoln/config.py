@@ -229,7 +229,9 @@ class SearchConfig(TrainConfig):
     - ``mixing``: ``softmax`` | ``gumbel`` | ``gumbel-hard`` | ``sigmoid`` (:mod:`autoln.mixing`),
       with temperature annealed linearly from ``tau_start`` to ``tau_end`` over ``steps``;
     - ``zero_one_weight``: weight of Fair DARTS' zero-one loss on the alpha objective;
-    - ``arch_warmup_steps``: weights only until this step (alphas frozen);
+    - ``arch_warmup_steps``: weights only until this step (alphas frozen); ``arch_lr`` 0 freezes
+      them for the whole search at their near-uniform start (DARTS-PT's supernet trained with
+      fixed uniform alphas, Wang et al. 2021, §5), no alpha step is taken;
     - ``beta_reg_max``: beta-DARTS' lambda, rising linearly from 0 to this over ``steps``;
     - ``sdarts_eps``: SDARTS-RS uniform noise on the mixing weights in weight steps;
     - ``monitor_windows``: windows of the fixed D_alpha batch on which the collapse monitor
@@ -265,8 +267,8 @@ class SearchConfig(TrainConfig):
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
-        _above_zero(self, section, ("arch_lr", "tau_start", "tau_end"))
-        _non_negative(self, section, ("arch_weight_decay", "arch_init_std", "zero_one_weight", "arch_warmup_steps",
+        _above_zero(self, section, ("tau_start", "tau_end"))
+        _non_negative(self, section, ("arch_lr", "arch_weight_decay", "arch_init_std", "zero_one_weight", "arch_warmup_steps",
                                       "beta_reg_max", "sdarts_eps", "monitor_windows"))
         if self.order not in ORDERS:
             raise ConfigError(f"search.order must be 1 or 2, got {self.order}")

@@ -281,7 +281,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
             batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
             loss_a = float("nan")
-            alpha_step = step > sc.arch_warmup_steps
+            alpha_step = step > sc.arch_warmup_steps and sc.arch_lr > 0  # arch_lr 0: alphas fixed at their start
             if alpha_step:
                 loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=step)
             loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sdarts_noise(sc, step))
@@ -338,7 +338,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
                 tuned[0] += 1
                 batch_w = tuple(t.to(device) for t in distributed.shard(*sampler_w.sample()))
                 batch_a = tuple(t.to(device) for t in distributed.shard(*sampler_a.sample()))
-                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=sc.steps)
+                loss_a = architect.step(batch_w, batch_a, xi=sched_w.get_last_lr()[0], step=sc.steps) if sc.arch_lr > 0 else 0.0
                 loss_w, grad_norm = weight_step(model, opt_w, sched_w, *batch_w, sc.grad_clip, noise=sc.sdarts_eps)
                 if not all(math.isfinite(v) for v in (loss_a, loss_w, grad_norm)):
                     ckpts.diverged("search", sc.on_divergence, sc.steps + tuned[0],

@@ -213,6 +213,11 @@ def test_arch_warmup_keeps_alphas_then_moves_them(tmp_path):
     run_search(cfg, tmp_path / "run3")
     at3 = torch.load(tmp_path / "run3" / "checkpoint.pt", weights_only=False)["model"]["alphas"]
     assert torch.equal(at3, init)
+    # arch_lr 0: DARTS-PT's fixed-alpha supernet, the alphas never leave their start (and the
+    # perturbation selection's fine-tuning takes no alpha step either)
+    cfg.search.steps, cfg.search.arch_lr, cfg.search.selection_tune_steps = 6, 0.0, 2
+    run_search(cfg, tmp_path / "fixed")
+    assert torch.equal(torch.load(tmp_path / "fixed" / "checkpoint.pt", weights_only=False)["model"]["alphas"], init)
 
 
 def _corpus(tmp_path):
