@@ -21,6 +21,12 @@ Variants:
   the same for every seed (removes the order's randomness; the lower blocks feed the upper ones).
 - ``one-shot``: every site's rises measured on the final supernet, no fine-tuning between
   decisions (128 windows).
+- ``score``: ``search.selection=score`` (SPOS): the genotype whose one-hot supernet loss on the
+  selection windows is lowest, every genotype up to 4096, else evolution; no fine-tuning.
+- ``argmax``: ``search.selection=argmax`` (DARTS): the largest alpha per site.
+
+``--seeds-dir`` may also be a single search's folder (e.g. ``experiments/validate.py``'s
+``<out>/<setting>/search``), which is then the only "seed".
 
 Each run writes ``<out>/<variant>/seed<s>`` (a copy of the seed's checkpoint and config, then
 the resumed selection's ``genotype.json``); a finished run is reused.
@@ -49,7 +55,9 @@ from autoln.consensus import vote
 from autoln.genotype import Genotype
 from autoln.selection import Selection, loss_rises
 
-VARIANTS = ("random", "random-256", "greedy", "first-pass", "bottom-up", "top-down", "one-shot")
+VARIANTS = ("random", "random-256", "greedy", "first-pass", "bottom-up", "top-down", "one-shot", "score", "argmax")
+#: Variants that are another ``search.selection`` rather than another perturbation order.
+SELECTION_OF = {"score": "score", "argmax": "argmax"}
 WINDOWS = {"random-256": 256, "one-shot": 128}
 
 
@@ -102,6 +110,7 @@ def reselect(seed_dir: Path, out: Path, variant: str) -> Genotype:
     saved = load_config(out / "config.yaml", ["logging.progress=false"])
     cfg = copy.deepcopy(saved)
     cfg.search.selection_windows = WINDOWS.get(variant, saved.search.selection_windows)
+    cfg.search.selection = SELECTION_OF.get(variant, "perturbation")
     plain_load = rs.load_for_resume
 
     def load(folder, kind, _cfg, finished):  # the checkpoint's own config: the windows are not checked
@@ -122,13 +131,16 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
     seeds = sorted(args.seeds_dir.glob("seed*/" + CHECKPOINT_FILE))
+    if not seeds and (args.seeds_dir / CHECKPOINT_FILE).exists():  # one search's folder
+        seeds = [args.seeds_dir / CHECKPOINT_FILE]
     if not seeds:
         p.error(f"--seeds-dir {args.seeds_dir}: no seed*/{CHECKPOINT_FILE} (the folder of a finished search.py --seeds N)")
 
     def body() -> None:
         rows = []
         for variant in variants:
-            genotypes = [reselect(ck.parent, args.out / variant / ck.parent.name, variant) for ck in seeds]
+            genotypes = [reselect(ck.parent, args.out / variant / (ck.parent.name if len(seeds) > 1 else "search"), variant)
+                         for ck in seeds]
             c = vote(genotypes)
             rows.append(f"| {variant} | " + " / ".join(g.describe() for g in genotypes) + f" | {c.agreement:.0%} |")
         print("| variant | genotypes (" + ", ".join(ck.parent.name for ck in seeds) + ") | agreement |\n|---|---|---|")
