@@ -181,3 +181,29 @@ def test_a_search_read_off_by_genotype_scores(tmp_path, cache_dir):
     placements = [[(p, p) for p in t["placements"].split()] for t in sel["top"][:3]]
     again = score_genotypes(result.model, placements, train, starts, sc.batch_size)
     np.testing.assert_allclose(again, [t["loss"] for t in sel["top"][:3]], atol=2e-6)
+
+
+@pytest.mark.slow
+def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
+    """Two search seeds, their consensus and each distinct genotype retrained at 2 seeds; a seed
+    whose genotype is the consensus is stable; the vote's agreement is reported beside it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    corpus = tmp_path / "text.txt"
+    corpus.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    out = tmp_path / "st"
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--seeds", "2", "--retrain-seeds", "2",
+            "--out", str(out), "--set", f"data.corpus={corpus}"]
+    for key in ("search.steps=6", "search.eval_every=3", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
+                "retrain.steps=4", "retrain.eval_every=2", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
+        args += ["--set", key]
+    assert _script("stability").main(args) == 0
+    r = json.loads((out / "stability.json").read_text())[0]
+    consensus = json.loads((out / "shallow" / "seeds" / "genotype.json").read_text())
+    assert r["consensus"]["placements"] == " ".join(consensus["placements"]) and len(r["consensus"]["valid"]) == 2
+    assert [row["seed"] for row in r["seeds"]] == [0, 1] and r["agreement"] == consensus["provenance"]["consensus"]["agreement"]
+    for row in r["seeds"]:
+        assert len(row["valid"]) == 2
+        if row["placements"] == r["consensus"]["placements"]:
+            assert row["stable"] and row["valid"] == r["consensus"]["valid"]
+    assert r["stability"] == sum(row["stable"] for row in r["seeds"]) / 2
+    assert "Stability: **" in (out / "stability.md").read_text()

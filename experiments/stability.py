@@ -1,0 +1,113 @@
+"""Is the answer stable? The seeds' own genotypes against their consensus, retrained.
+
+Per setting of ``experiments/validate.py`` (same ``--out``; its compare folder is shared, so
+runs are reused both ways): ``search.py --seeds N``'s job in ``<out>/<setting>/seeds`` (finished
+seeds are reused, an interrupted one resumes), then the consensus genotype and every distinct
+seed genotype retrained at ``--retrain-seeds`` seeds at the setting's retrain budget. A seed's
+answer counts as *stable* when its retrained mean lies within one standard deviation (the
+larger of the two genotypes') of the consensus genotype's mean, the rule
+``experiments/validate.py`` uses for "matches"; a seed whose genotype is the consensus is stable
+by definition. The per-site agreement and the vote table are reported beside it as information.
+It writes ``<out>/stability.md`` and ``<out>/stability.json``.
+
+    python experiments/stability.py --data WIKITEXT_FOLDER [--settings shallow,deep] [--seeds 3]
+        [--retrain-seeds 3] [--out runs/validate]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from validate import SETTINGS, setting_config, verdict  # noqa: E402
+
+from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
+
+
+def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: int, retrain_seeds: int, out: Path) -> dict:
+    """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
+    from autoln.compare import run_compare
+    from autoln.consensus import run_seeds, vote
+    from autoln.data import HEADLINE
+    from autoln.genotype import Genotype
+
+    cfg = setting_config(name, overrides, config)
+    headline = HEADLINE[cfg.data.tokenizer]
+    folder = out / name / "seeds"
+    consensus_file = folder / "genotype.json"
+    if not consensus_file.exists():
+        run_seeds(cfg, n_seeds, folder)
+    seed_files = [folder / f"seed{cfg.search.seed + i}" / "genotype.json" for i in range(n_seeds)]
+    genotypes = [Genotype.load(f) for f in seed_files]
+    consensus = Genotype.load(consensus_file)
+    distinct: dict[str, str] = {consensus.describe(): str(consensus_file)}
+    for f, g in zip(seed_files, genotypes):
+        distinct.setdefault(g.describe(), str(f))
+    print(f"[stability] {name}: {len(distinct)} distinct genotypes at {retrain_seeds} seeds", file=sys.stderr, flush=True)
+    entries = run_compare(cfg, list(distinct.values()), [], retrain_seeds, out / name / "compare")
+    valid = {e.spec: [r["valid"][headline] for r in e.runs if r is not None] for e in entries}
+    cons = valid[str(consensus_file)]
+    rows = []
+    for i, g in enumerate(genotypes):
+        runs = valid[distinct[g.describe()]]
+        same = g.describe() == consensus.describe()
+        rows.append({"seed": cfg.search.seed + i, "placements": g.describe(), "valid": runs,
+                     "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None,
+                     "stable": same or verdict(runs, cons) == "matches"})
+    return {"setting": name, "headline": headline, "agreement": vote(genotypes).agreement,
+            "consensus": {"placements": consensus.describe(), "valid": cons, "mean": statistics.mean(cons) if cons else None,
+                          "std": statistics.stdev(cons) if len(cons) > 1 else None},
+            "seeds": rows, "stability": sum(r["stable"] for r in rows) / len(rows)}
+
+
+def markdown(r: dict) -> str:
+    """One setting's section of the report."""
+    def ms(row: dict) -> str:
+        return "-" if row["mean"] is None else f"{row['mean']:.3f}" + (f" ± {row['std']:.3f}" if row["std"] is not None else "")
+
+    c = r["consensus"]
+    lines = [f"## {r['setting']}", "", f"Per-site agreement of the seeds: {r['agreement']:.0%}. Consensus `{c['placements']}`: "
+             f"valid {r['headline']} {ms(c)} ({len(c['valid'])} seeds).", "",
+             f"| search seed | genotype | valid {r['headline']} | within one std of the consensus |", "|---|---|---|---|"]
+    lines += [f"| {row['seed']} | {row['placements']} | {ms(row)} | {'yes' if row['stable'] else 'no'} |" for row in r["seeds"]]
+    lines += ["", f"Stability: **{r['stability']:.0%}** of the seeds' answers retrain as well as the consensus.", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="stability.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="data.corpus (the README's tables use a WikiText-2 folder)")
+    p.add_argument("--config", metavar="FILE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--settings", default="shallow,deep", help=f"comma-separated subset of {list(SETTINGS)}")
+    p.add_argument("--seeds", type=int, default=3, help="search seeds (default 3)")
+    p.add_argument("--retrain-seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
+    p.add_argument("--out", default="runs/validate")
+    args = p.parse_args(argv)
+
+    def body() -> None:
+        from autoln.errors import ConfigError
+
+        names = [s.strip() for s in args.settings.split(",") if s.strip()]
+        if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
+            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        if args.seeds < 2 or args.retrain_seeds < 1:
+            raise ConfigError("--seeds must be at least 2 and --retrain-seeds positive")
+        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        out = Path(args.out)
+        results = [run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out) for n in names]
+        report = ("# Stability: the seeds' answers against their consensus\n\n"
+                  f"Command: `python experiments/stability.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                  + "\n".join(markdown(r) for r in results))
+        write_text_atomic(out / "stability.md", report)
+        write_json_atomic(out / "stability.json", results)
+        print(report + f"\nwrote {out / 'stability.md'}, {out / 'stability.json'}")
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
