@@ -624,6 +624,10 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
     if key in UNTUNABLE:
         raise ConfigError(f"{where}: {key} cannot be tuned (it changes what the score measures or is set by the "
                           f"tuner; not tunable: {', '.join(UNTUNABLE)})")
+    if key == "search.steps" and cfg.tune.pruner != "none":
+        raise ConfigError(f"{where}: a tuned search length cannot be pruned fairly (the pruner compares trials at equal "
+                          f"steps, and a shorter search is behind there only for being shorter); tune it with "
+                          f"--set tune.pruner=none (now {cfg.tune.pruner!r}), or fix search.steps and tune the rest")
     if not isinstance(spec, dict):
         raise ConfigError(f"{where} must be a mapping such as {{log-uniform: [1.0e-4, 1.0e-2]}}, got {spec!r}")
     kinds = [k for k in spec if k in DISTRIBUTIONS]

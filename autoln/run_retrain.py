@@ -45,16 +45,39 @@ DIAG_WINDOWS = 8
 
 def log_diagnostics(log: Logger, diag: dict, step: int) -> None:
     """TensorBoard: ``diag/<name>/block<i>`` for each per-block diagnostic, ``diag/update_size``;
-    at step 0 (initialisation) the per-block values are also drawn as ``diag_init/<name>``
-    curves over the block index."""
+    at step 0 (initialisation) the per-block values are also drawn against the block index as
+    the image ``diag_init`` (an image at step 0, not scalars whose step is a block index: those
+    would be purged on resume from any checkpoint at or below the block count)."""
     for name, value in diag.items():
         if isinstance(value, list):
             log.scalars({f"block{i}": v for i, v in enumerate(value)}, step, f"diag/{name}")
-            if step == 0:
-                for i, v in enumerate(value):
-                    log.scalar(f"diag_init/{name}", v, i)
         else:
             log.scalar(f"diag/{name}", value, step)
+    per_block = {name: value for name, value in diag.items() if isinstance(value, list)}
+    if step == 0 and per_block and log.writer:
+        import matplotlib.pyplot as plt
+
+        fig = init_figure(per_block)
+        log.figure("diag_init", fig, 0)
+        plt.close(fig)
+
+
+def init_figure(per_block: dict[str, list[float]]):
+    """One panel per diagnostic: its value at initialisation against the block index (for the
+    residual norm index 0 is the embedding, ``l`` the output of block ``l - 1``)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(per_block), figsize=(3.2 * len(per_block), 2.8), squeeze=False)
+    for ax, (name, values) in zip(axes[0], per_block.items()):
+        ax.plot(range(len(values)), values, marker="o", ms=3)
+        ax.set(title=name, xlabel="embedding, then blocks" if name == "residual_norm" else "block")
+        ax.grid(alpha=0.3)
+    fig.suptitle("at initialisation", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 @dataclass

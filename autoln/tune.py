@@ -5,7 +5,9 @@ A trial: suggest every ``tune.space`` entry, run :func:`autoln.run_search.run_se
 ``trials/NNNN/search``, then (``tune.score: proxy_retrain``) a short retrain of the derived
 genotype in ``trials/NNNN/proxy``; its final valid loss in the headline unit (bits per byte for
 bytes) is the value minimised. The valid loss at every evaluation of the search (step ``s``)
-and of the proxy (step ``search.steps + s``) is reported to the pruner.
+and of the proxy (step ``search.steps + s``, the trial's own ``search.steps``) is reported to the
+pruner. Pruning compares trials at equal steps, so a study with a pruner may not tune
+``search.steps`` (:func:`autoln.config.space_values` refuses it; ``tune.pruner: none`` allows it).
 
 Outcomes, kept in each trial's user attribute ``outcome``: ``complete``; ``pruned`` (by the
 pruner); ``diverged`` (NaN/inf loss, ended as PRUNED with the reason); ``error`` (an exception,
@@ -361,7 +363,6 @@ class Objective:
         tdir.mkdir(parents=True, exist_ok=True)
         trial.set_user_attr("trial_dir", str(tdir))
         metrics: dict[str, float] = {}
-        steps = self.cfg.search.steps
         line = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
         print(f"[tune] trial {trial.number} ({self.worker}) starts: {line}", file=sys.stderr, flush=True)
 
@@ -394,7 +395,9 @@ class Objective:
                 proxy = trial_config(cfg, {"retrain.steps": self.cfg.tune.proxy_steps,
                                            "retrain.eval_every": min(cfg.retrain.eval_every, self.cfg.tune.proxy_steps),
                                            "retrain.warmup_steps": min(cfg.retrain.warmup_steps, self.cfg.tune.proxy_steps)})
-                retrained = run_retrain(proxy, str(result.path), tdir / "proxy", overwrite=True, on_eval=report(steps))
+                # the proxy's evaluations follow the trial's own search (its search.steps, which the
+                # study config's need not be), so no step is reported twice
+                retrained = run_retrain(proxy, str(result.path), tdir / "proxy", overwrite=True, on_eval=report(cfg.search.steps))
                 metrics["proxy_valid"] = retrained.valid[self.headline]
                 score = metrics["proxy_valid"]
             if not math.isfinite(score):

@@ -362,3 +362,39 @@ def test_a_half_written_checkpoint_left_by_a_killed_process_is_removed(tmp_path)
     assert stale.exists()
     Checkpointer(tmp_path, 10, write=True)
     assert not stale.exists() and all(path.exists() for path in kept)
+
+
+def test_a_resumed_retrain_keeps_every_tensorboard_series(tmp_path):
+    """A value whose TensorBoard step is not a training step is purged by a resume (purge_step).
+    A 6-block retrain stopped after its step-2 checkpoint and resumed (purging steps >= 3) has
+    every scalar series of the uninterrupted run, point for point; the per-block values at
+    initialisation are an image at step 0, not scalars stepped by the block index."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, ["model.n_layers=6", "retrain.steps=4", "retrain.eval_every=2", "retrain.final_eval_windows=4",
+                             "retrain.warmup_steps=1", "checkpoint.every=2", "logging.progress=false", "logging.log_every=1",
+                             f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"])
+    rr.run_retrain(cfg, "all-pre", tmp_path / "whole")
+
+    def stop(step: int, _valid: dict) -> None:
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rr.run_retrain(cfg, "all-pre", tmp_path / "part", on_eval=stop)
+    rr.run_retrain(cfg, "all-pre", tmp_path / "part", resume=True)
+
+    def events(folder: Path):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0})
+        acc.Reload()
+        return acc
+
+    whole, part = events(tmp_path / "whole"), events(tmp_path / "part")
+    tags = whole.Tags()["scalars"]
+    assert sorted(tags) == sorted(part.Tags()["scalars"]) and "diag/residual_norm/block6" in tags
+    assert not [t for t in tags if t.startswith("diag_init/")]
+    for tag in tags:
+        assert [(e.step, e.value) for e in whole.Scalars(tag)] == [(e.step, e.value) for e in part.Scalars(tag)], tag
+    assert [e.step for e in part.Images("diag_init")] == [0]

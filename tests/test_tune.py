@@ -115,7 +115,9 @@ def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
     ("{search.lr: [0.1, 0.2]}", "must be a mapping"),
     ("{search.order: {categorical: [1, 3]}}", "the value 3 is invalid: search.order must be 1 or 2"),
     ("{search.order: {uniform: [1, 2]}}", "needs a number key"),
-    ("{search.steps: {int: [10, 100], step: 7}}", "step must be a positive integer dividing"),
+    ("{search.arch_warmup_steps: {int: [10, 100], step: 7}}", "step must be a positive integer dividing"),
+    # a pruner compares trials at equal steps: a tuned search length is refused with one on
+    ("{search.steps: {int: [100, 500], step: 100}}", "a tuned search length cannot be pruned fairly"),
     ("{search.lr: {uniform: [-1.0, 1.0]}}", "search.lr must be > 0"),
     ("{search.mixing: {categorical: [softmax, [1]]}}", "choices must be numbers, strings"),
     ("{}", "tune.space must name at least one key"),
@@ -130,8 +132,9 @@ def wait_for_running(storage_fn, min_number: int, timeout: float = 180.0):
      "tune.space: a trial could draw search.steps=150, search.arch_warmup_steps=200, which is invalid: search.arch_warmup_steps (200) must be below search.steps (150)"),
 ])
 def test_space_errors_name_the_key(space, message):
+    pruner = ["tune.pruner=none"] if "search.arch_warmup_steps (200)" in message else []  # tunes search.steps
     with pytest.raises(ConfigError) as err:
-        load_config(None, [f"tune.space={space}"]).validate_space()
+        load_config(None, [f"tune.space={space}", *pruner]).validate_space()
     assert message in str(err.value)
 
 
@@ -238,6 +241,25 @@ def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
     bad = tune(out, "--set", "tune.n_trials=5", "--set", "search.steps=50", cache=cache, check=False)
     assert bad.returncode == 2 and "search.steps (100 in the study, 50 now)" in bad.stderr
     assert "Traceback" not in bad.stderr and len(rows(out)) == 5
+
+
+def test_the_proxy_reports_after_the_trial_s_own_search(tmp_path, cache):
+    """A trial whose tuned search.steps (40) differs from the study config's (20) reports its
+    search at steps 20 and 40 and its proxy retrain at 40 + 20 = 60: no step twice, so Optuna
+    drops none of them (optuna/optuna#2441)."""
+    import optuna
+
+    from autoln.tune import open_study
+
+    out = tmp_path / "steps"
+    sets = [*FAST[1::2], "tune.n_trials=1", "tune.score=proxy_retrain", "tune.proxy_steps=20", "retrain.eval_every=20",
+            "retrain.final_eval_windows=16", "tune.space={search.steps: {categorical: [40]}}", "search.eval_every=20"]
+    proc = tune(out, *(a for key in sets for a in ("--set", key)), cache=cache)
+    assert "already reported" not in proc.stderr
+    cfg = load_config(TINY, [*sets, "logging.progress=false"])
+    trial = open_study(cfg, out, 0).get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])[0]
+    assert sorted(trial.intermediate_values) == [20, 40, 60]
+    assert trial.intermediate_values[60] == pytest.approx(trial.value)  # the final evaluation, on the same 16 windows
 
 
 def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_path, cache):
