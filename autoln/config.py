@@ -204,6 +204,10 @@ class TrainConfig:
         _one_of(f"{section}.precision", self.precision, PRECISIONS)
         _one_of(f"{section}.on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         _one_of(f"{section}.schedule", self.schedule, SCHEDULE_NAMES)
+        if self.warmup_steps and self.warmup_steps >= self.steps:
+            raise ConfigError(f"{section}.warmup_steps ({self.warmup_steps}) must be below {section}.steps ({self.steps}): "
+                              f"the learning rate would never reach {section}.lr (e.g. --set {section}.warmup_steps="
+                              f"{self.steps // 10})")
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"{section}.seed must be in [0, 2^32), got {self.seed}")
 
@@ -579,6 +583,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
         raw = loaded
     cfg = Config()
+    given: dict[str, str] = {}  # section.key -> where it was set
     for section, values in raw.items():
         if values is None:
             continue
@@ -586,6 +591,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"section '{section}' in {where} must be a mapping of keys")
         for key, value in values.items():
             _assign(cfg, f"{section}.{key}", value, where)
+            given[f"{section}.{key}"] = where
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"--set expects section.key=value, got '{item}'")
@@ -595,8 +601,61 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError:
             value = text
         _assign(cfg, dotted.strip(), value, "--set")
+        given[dotted.strip()] = "--set"
+    # chosen by the user: every --set, and a file's values other than the defaults (a run's own
+    # config.yaml lists every key, its defaults included)
+    default = Config()
+    chosen = {k: w for k, w in given.items() if w == "--set"
+              or getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) != getattr(getattr(default, k.split(".")[0]), k.split(".")[1])}
+    fit_defaults(cfg, chosen)
     cfg.validate()
     return cfg
+
+
+def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
+    """Make the keys the user left at their built-in defaults agree with the ones they chose,
+    so that a documented option works with every other key at its default (a contradiction
+    between two keys the user chose is left for :meth:`Config.validate` to refuse). ``chosen``:
+    ``section.key`` -> where it was set: every ``--set``, and a file's keys whose value is not
+    the built-in default. In place; prints a note for each key it changes, except the
+    temperature that sigmoid mixing does not use.
+
+    - ``search.mixing: sigmoid`` has no temperature: ``tau_end`` takes ``tau_start``'s value.
+    - A default warm-up (``search.warmup_steps``, ``retrain.warmup_steps``) that is not shorter
+      than the run becomes a tenth of its steps; a default ``search.arch_warmup_steps`` (100,
+      a fifth of the default 500 steps) that is not below ``search.steps`` becomes a fifth.
+    - ``search.early_stop: hessian`` with a default ``search.eval_every`` too sparse for the
+      R-DARTS rule evaluates 20 times.
+
+    Raises:
+        ConfigError: a key the user chose that does nothing with the others (selection
+            settings of a selection that does not use them).
+    """
+    import sys
+
+    sc = cfg.search
+    if sc.mixing == "sigmoid" and not {"search.tau_start", "search.tau_end"} & set(chosen):
+        sc.tau_end = sc.tau_start
+    fits = [("search", "warmup_steps", 10), ("retrain", "warmup_steps", 10), ("search", "arch_warmup_steps", 5)]
+    for section, key, share in fits:
+        tc = getattr(cfg, section)
+        if f"{section}.{key}" not in chosen and tc.steps >= 1 and getattr(tc, key) >= tc.steps:
+            new = tc.steps // share
+            print(f"note: {section}.{key} set to {new}, {'a tenth' if share == 10 else 'a fifth'} of {section}.steps="
+                  f"{tc.steps} (its default {getattr(tc, key)} is not shorter than the run; set it to choose another)", file=sys.stderr)
+            setattr(tc, key, new)
+    if sc.early_stop == "hessian" and "search.eval_every" not in chosen and sc.steps >= 20:
+        evals = sorted({*range(sc.eval_every, sc.steps + 1, sc.eval_every), sc.steps})
+        if len(evals) < R_DARTS_MIN_EVALUATIONS or len([e for e in evals if e >= R_DARTS_START_FRACTION * sc.steps]) <= R_DARTS_LAG:
+            print(f"note: search.eval_every set to {sc.steps // 20} (20 evaluations; R-DARTS' early stop needs at least "
+                  f"{R_DARTS_MIN_EVALUATIONS}, and the default {sc.eval_every} gives {len(evals)})", file=sys.stderr)
+            sc.eval_every = sc.steps // 20
+    inert = [("search.selection_tune_steps", sc.selection != "perturbation", "only perturbation-based selection fine-tunes"),
+             ("search.selection_windows", sc.selection == "argmax", "argmax reads the alphas and measures nothing")]
+    for key, idle, why in inert:
+        if key in chosen and idle:
+            raise ConfigError(f"{key} ({chosen[key]}) does nothing with search.selection={sc.selection}: {why}; "
+                              f"drop it, or choose a selection that uses it")
 
 
 # --- helpers -----------------------------------------------------------------------------

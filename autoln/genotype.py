@@ -256,7 +256,9 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     """A named published genotype at ``cfg``'s size: ``all-<candidate>`` (every site that
     candidate, e.g. ``all-pre``, ``all-peri``, ``all-pre:fixed``), ``mix-ln`` (first
     ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) or ``pre-post``
-    (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``).
+    (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``). With ``cfg.affine ==
+    "fixed"`` every placement with norms takes its ``:fixed`` form (``pre`` -> ``pre:fixed``),
+    as the final norm does; ``search`` (a search option) leaves the published learnable gains.
 
     Raises:
         GenotypeError: unknown name.
@@ -272,6 +274,8 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
         names = ["pre"] * n_pre + ["post"] * (n - n_pre)
     else:
         raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
+    if cfg.affine == "fixed":  # every norm's gain and bias fixed, the sites' as the final norm's
+        names = [n + ":fixed" if not n.endswith(":fixed") and PLACEMENTS[parse_name(n)[0]].has_norm else n for n in names]
     cands = sorted(set(names), key=placement_names().index)
     probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
     return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})

@@ -27,7 +27,7 @@ from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, e
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError, GenotypeError
-from .genotype import BASELINES, MODEL_KEYS, Genotype, baseline, is_baseline
+from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
 from .model import build_derived
 from .run_search import EvalHook, genotype_markdown
@@ -101,6 +101,9 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
             differs from the data's vocabulary.
     """
     if is_baseline(spec):
+        if cfg.model.affine == "search":
+            distributed.print_main(f"note: model.affine=search is a search option; the named baseline {spec} keeps its "
+                                   "published learnable norm gains (model.affine=fixed fixes them)", file=sys.stderr)
         return baseline(spec, cfg.model, vocab_size)
     if spec and Path(spec).is_dir():
         raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")
@@ -134,7 +137,7 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
     corpus = load_corpus(cfg.data)
     genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
     mc = genotype.model_config(cfg.model)
-    for key in (k for k in MODEL_KEYS if k != "vocab_size"):
+    for key in (k for k in (*MODEL_KEYS, *OPTIONAL_MODEL_KEYS) if k != "vocab_size"):
         if getattr(cfg.model, key) != getattr(mc, key):
             distributed.print_main(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
     searched_on = genotype.provenance.get("data")

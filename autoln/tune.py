@@ -394,7 +394,7 @@ class Objective:
             if self.cfg.tune.score == "proxy_retrain":
                 proxy = trial_config(cfg, {"retrain.steps": self.cfg.tune.proxy_steps,
                                            "retrain.eval_every": min(cfg.retrain.eval_every, self.cfg.tune.proxy_steps),
-                                           "retrain.warmup_steps": min(cfg.retrain.warmup_steps, self.cfg.tune.proxy_steps)})
+                                           "retrain.warmup_steps": min(cfg.retrain.warmup_steps, self.cfg.tune.proxy_steps - 1)})
                 # the proxy's evaluations follow the trial's own search (its search.steps, which the
                 # study config's need not be), so no step is reported twice
                 retrained = run_retrain(proxy, str(result.path), tdir / "proxy", overwrite=True, on_eval=report(cfg.search.steps))

@@ -7,6 +7,8 @@ import pytest
 from autoln.config import Config, load_config
 from autoln.errors import ConfigError
 
+from .conftest import ROOT
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -81,11 +83,10 @@ def test_unknown_key_in_file_names_key_and_file(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     # alphas frozen for the whole search: the genotype would be their random start
     (["search.steps=100", "search.arch_warmup_steps=100"], r"search.arch_warmup_steps \(100\) must be below search.steps \(100\)"),
-    (["search.steps=50"], r"search.arch_warmup_steps \(100\) must be below search.steps \(50\)"),
     # Fair DARTS' zero-one loss acts on sigmoid(alpha): only sigmoid mixing uses those weights
     (["search.zero_one_weight=10"], r"search.zero_one_weight \(10.0\) needs search.mixing=sigmoid"),
     # R-DARTS needs 7 evaluations, 5 of them from 40 % of the steps on: 500 steps, every 100 -> 5 evaluations
-    (["search.early_stop=hessian"], r"search.early_stop=hessian cannot stop with search.steps=500 and search.eval_every=100"),
+    (["search.early_stop=hessian", "search.eval_every=100"], r"search.early_stop=hessian cannot stop with search.steps=500 and search.eval_every=100"),
 ])
 def test_settings_that_cannot_do_what_they_say_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -126,3 +127,59 @@ def test_configs_recorded_before_a_key_existed_compare_equal():
 def test_new_search_space_keys_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+# --- a documented option works with every other key at its default; what the user set and
+# --- cannot act is refused; nothing is silently left out
+
+
+@pytest.mark.parametrize("sets, check", [
+    # sigmoid has no temperature: the default 1.0 -> 0.1 annealing is dropped, not refused
+    (["search.mixing=sigmoid"], lambda c: c.search.tau_start == c.search.tau_end == 1.0),
+    # a short search: the default warm-ups (50 weights, 100 alphas) fit the run
+    (["search.steps=50"], lambda c: (c.search.warmup_steps, c.search.arch_warmup_steps) == (5, 10)),
+    (["retrain.steps=30"], lambda c: c.retrain.warmup_steps == 3),
+    # R-DARTS' early stop needs 7 evaluations; the default eval_every gives 5
+    (["search.early_stop=hessian"], lambda c: c.search.eval_every == 25),
+])
+def test_an_option_alone_works_with_the_defaults(sets, check, capsys):
+    assert check(load_config(None, sets))
+    err = capsys.readouterr().err
+    assert ("note:" in err) == (sets[0] != "search.mixing=sigmoid")
+
+
+def test_a_file_s_values_equal_to_the_defaults_count_as_defaults(tmp_path):
+    """A run's own config.yaml lists every key, its defaults too: reusing it with one new option
+    works as that option alone would."""
+    f = tmp_path / "config.yaml"
+    f.write_text(Config().to_yaml())
+    cfg = load_config(f, ["search.mixing=sigmoid", "search.steps=50"])
+    assert cfg.search.tau_end == cfg.search.tau_start and cfg.search.arch_warmup_steps == 10
+
+
+@pytest.mark.parametrize("path, sets, message", [
+    (ROOT / "configs" / "tiny.yaml", ["retrain.steps=1"], "retrain.warmup_steps (5) must be below retrain.steps (1)"),
+    (None, ["search.warmup_steps=80", "search.steps=60", "search.arch_warmup_steps=10"], "search.warmup_steps (80) must be below"),
+    (None, ["search.mixing=sigmoid", "search.tau_end=0.5"], "sigmoid mixing has no temperature"),
+    (None, ["search.selection=argmax", "search.selection_windows=8"], "search.selection_windows (--set) does nothing with search.selection=argmax"),
+    (None, ["search.selection=score", "search.selection_tune_steps=5"], "search.selection_tune_steps (--set) does nothing"),
+])
+def test_what_the_user_set_and_cannot_act_is_refused(path, sets, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(path, sets)
+    assert message in str(err.value)
+
+
+def test_fixed_affine_fixes_every_norm_of_a_named_baseline():
+    """``model.affine=fixed`` is applied to named baselines: every site's norms and the final
+    norm have no gain or bias, the genotype says ``:fixed``; ``none`` stays ``none``."""
+    from autoln.genotype import baseline
+    from autoln.model import build_derived
+
+    mc = load_config(None, ["model.affine=fixed", "model.n_layers=4"]).model
+    for name in ("all-pre", "mix-ln", "all-deepnorm", "all-peri", "all-none"):
+        g = baseline(name, mc, 256)
+        assert all(p.endswith(":fixed") or p == "none" for p in g.placements), g.placements
+        model = build_derived(g.model_config(mc), 256, g.block_placements())
+        assert not [n for n, _ in model.named_parameters() if "norm" in n], name
+    assert baseline("mix-ln", mc, 256).describe() == "post:fixed pre:fixed pre:fixed pre:fixed"
