@@ -28,7 +28,7 @@ from pathlib import Path
 from .config import Config, with_defaults
 from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, Genotype, is_baseline
-from .io import save_figure_atomic, write_json_atomic, write_text_atomic
+from .io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
 from .training import check_out_dir
 
 TABLE = "compare.csv"
@@ -142,7 +142,10 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     record["config"]["retrain"]["first_seed"] = cfg.retrain.seed
     previous = out / RECORD
     if previous.exists() and not overwrite:
-        old = json.loads(previous.read_text())
+        old = read_json(previous)
+        if not isinstance(old, dict):
+            raise ConfigError(f"{previous} is damaged (not the JSON record a comparison writes), so what its finished runs were "
+                              "made with is unknown; pass --overwrite to redo every run, or choose another --out")
         old_config = {k: v for k, v in with_defaults(old.get("config", {})).items() if k in record["config"]}
         old_config["retrain"] = {k: v for k, v in old_config["retrain"].items() if k not in ("device", "seed")}
         diff = differences(old_config, record["config"])
@@ -161,8 +164,11 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
         for i in range(seeds):
             run_dir = out / entry.label / f"seed{i}"
             seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
-            if (run_dir / METRICS_FILE).exists() and not overwrite:
-                metrics = json.loads((run_dir / METRICS_FILE).read_text())
+            reused = read_json(run_dir / METRICS_FILE) if not overwrite else None
+            if (run_dir / METRICS_FILE).exists() and not overwrite and not isinstance(reused, dict):
+                print(f"[compare] {run_dir / METRICS_FILE} is damaged; retraining that run", file=sys.stderr)
+            if isinstance(reused, dict):
+                metrics = reused
             elif (run_dir / "diverged.txt").exists() and not overwrite:
                 metrics = None
             else:

@@ -35,7 +35,7 @@ import torch
 from .commands import pip_extra
 from .config import DataConfig
 from .errors import DataError
-from .io import write_text_atomic
+from .io import save_numpy_atomic, write_text_atomic
 
 SPLITS = ("train", "valid", "test")
 CACHE_VERSION = 1
@@ -249,7 +249,9 @@ def load_corpus(cfg: DataConfig) -> Corpus:
 
     The cache entry is ``<cache_dir>/<key>/{train,valid,test}.npy`` plus ``meta.json``, with
     ``key`` a hash of the corpus fingerprint, tokeniser and split fractions; arrays are
-    written atomically and opened with ``mmap_mode="r"``. An unwritable cache folder only
+    written atomically (flushed to disk, ``meta.json`` last) and opened with ``mmap_mode="r"``.
+    An entry that fails its checks (unreadable, empty or cut-short arrays, lengths other than
+    ``meta.json`` records, token ids outside the vocabulary) is rebuilt. An unwritable cache folder only
     disables caching.
 
     Raises:
@@ -269,19 +271,18 @@ def load_corpus(cfg: DataConfig) -> Corpus:
             splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
             vocab = meta["vocab"]
             if meta["fingerprint"] == fingerprint and meta["vocab_size"] == (256 if vocab is None else len(vocab)) \
+                    and all(a.ndim == 1 and len(a) == meta["lengths"][s] for s, a in splits.items()) \
                     and all(int(a.max(initial=0)) < meta["vocab_size"] for a in splits.values()):
                 return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], vocab, splits, sources)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged cache entry is rebuilt below
+        except Exception:  # noqa: BLE001 - any damage (an empty .npy raises EOFError, a cut one ValueError...) rebuilds it
+            pass
     splits, vocab = tokenize(raw, cfg.tokenizer, sources)
     vocab_size = 256 if vocab is None else len(vocab)
     try:
         for split, arr in splits.items():
-            tmp = folder / f".{split}.{os.getpid()}.npy"
-            folder.mkdir(parents=True, exist_ok=True)
-            np.save(tmp, arr)
-            os.replace(tmp, folder / f"{split}.npy")
-        write_text_atomic(meta_path, json.dumps({"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint}))
+            save_numpy_atomic(arr, folder / f"{split}.npy")
+        write_text_atomic(meta_path, json.dumps({"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint,
+                                                 "lengths": {s: int(len(a)) for s, a in splits.items()}}))
         splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
     except OSError:
         pass  # caching is an optimisation; the in-memory arrays serve

@@ -84,6 +84,36 @@ def save_torch_atomic(obj: Any, path: str | Path) -> Path:
     return _atomic(path, lambda fh: torch.save(obj, fh), "wb")
 
 
+def save_numpy_atomic(arr: Any, path: str | Path) -> Path:
+    """``np.save(arr)`` to ``path`` (``.npy``) atomically and flushed to disk, as every file the
+    project reads back (the token cache). Returns the path."""
+    import numpy as np
+
+    return _atomic(path, lambda fh: np.save(fh, arr), "wb")
+
+
+def copy_atomic(src: str | Path, dst: str | Path) -> Path:
+    """Copy the file ``src`` to ``dst`` atomically (a reader of ``dst`` never sees half a copy).
+
+    Raises:
+        OSError: ``src`` unreadable or ``dst``'s folder not writable.
+    """
+    import shutil
+
+    with open(src, "rb") as source:
+        return _atomic(dst, lambda fh: shutil.copyfileobj(source, fh), "wb")
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value in ``path``, or None when the file is missing, unreadable, not UTF-8 or
+    not valid JSON (e.g. cut short by a crash or a full disk): for files a run reuses when
+    present and redoes otherwise."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def save_figure_atomic(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     """Save a matplotlib figure as PNG to ``path`` atomically. Returns the path."""
     return _atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi, bbox_inches="tight"), "wb")

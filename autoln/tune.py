@@ -417,7 +417,7 @@ class Objective:
             retry_callback(self.cfg)(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
             raise
         except Exception as exc:
-            (tdir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+            write_text_atomic(tdir / "error.txt", traceback.format_exc())
             finish("error", f"{type(exc).__name__}: {exc} (traceback in {tdir / 'error.txt'})")
             raise
 

@@ -28,7 +28,6 @@ are reused, so it can be stopped and re-run; the sample only grows with ``--samp
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
+from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
 
 #: Sample sizes by setting (the issue's minimum: 30 at 6 blocks, 20 at 24 blocks).
 DEFAULT_SAMPLES = {"shallow": 30, "deep": 20, "highlr": 30}
@@ -163,11 +162,11 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_samples: 
 def read_random_search(setting_dir: Path, compare: Path, headline: str) -> dict | None:
     """The finished random search of ``experiments/random_search.py`` in ``setting_dir``
     (its ``result.json``) with the full retrains of its best genotype, or None."""
-    path = setting_dir / "random_search" / "result.json"
-    if not path.exists():
+    res = read_json(setting_dir / "random_search" / "result.json")
+    if not isinstance(res, dict):
         return None
-    res = json.loads(path.read_text())
-    runs = [json.loads(p.read_text())["valid"][headline] for p in sorted((compare / "random_search").glob("seed*/metrics.json"))]
+    runs = [m["valid"][headline] for m in (read_json(p) for p in sorted((compare / "random_search").glob("seed*/metrics.json")))
+            if isinstance(m, dict)]
     return {**res, "valid": runs, "mean": statistics.mean(runs) if runs else None,
             "std": statistics.stdev(runs) if len(runs) > 1 else None}
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import write_json_atomic  # noqa: E402
+from autoln.io import read_json, write_json_atomic  # noqa: E402
 
 
 def rung_steps(min_steps: int, eta: int, full_steps: int) -> list[int]:
@@ -71,8 +71,9 @@ def short_retrain(cfg, spec: str, folder: Path) -> dict:
     from autoln.errors import DivergenceError
     from autoln.run_retrain import METRICS_FILE, run_retrain
 
-    if (folder / METRICS_FILE).exists():
-        return json.loads((folder / METRICS_FILE).read_text())
+    done = read_json(folder / METRICS_FILE)
+    if isinstance(done, dict):
+        return done
     try:
         run_retrain(cfg, spec, folder, overwrite=True)
     except DivergenceError as exc:

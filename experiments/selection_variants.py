@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import shutil
 import sys
 from pathlib import Path
 from unittest import mock
@@ -51,6 +50,7 @@ import autoln.run_search as rs
 from autoln.checkpoint import CHECKPOINT_FILE
 from autoln.cli import guarded
 from autoln.config import load_config
+from autoln.io import copy_atomic
 from autoln.consensus import vote
 from autoln.genotype import Genotype
 from autoln.selection import Selection, loss_rises
@@ -106,7 +106,7 @@ def reselect(seed_dir: Path, out: Path, variant: str) -> Genotype:
         return Genotype.load(out / rs.GENOTYPE_FILE)
     out.mkdir(parents=True, exist_ok=True)
     for name in (CHECKPOINT_FILE, "config.yaml"):
-        shutil.copy(seed_dir / name, out / name)
+        copy_atomic(seed_dir / name, out / name)
     saved = load_config(out / "config.yaml", ["logging.progress=false"])
     cfg = copy.deepcopy(saved)
     cfg.search.selection_windows = WINDOWS.get(variant, saved.search.selection_windows)

@@ -184,3 +184,25 @@ def test_validation_verdict(searched, best, want):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.verdict(searched, best) == want
+
+
+def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(tmp_path):
+    """A metrics.json cut short (a crash, a full disk) is retrained, not a traceback for every
+    later re-run; a damaged compare.json is refused in one line naming it."""
+    from autoln.compare import run_compare
+    from autoln.config import load_config
+    from autoln.errors import ConfigError
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, ["retrain.steps=6", "retrain.eval_every=3", "retrain.final_eval_windows=4", "logging.progress=false",
+                             "logging.tensorboard=false", f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"])
+    out = tmp_path / "cmp"
+    first = run_compare(cfg, [], ["all-pre"], 1, out)[0].runs[0]
+    metrics = out / "all-pre" / "seed0" / "metrics.json"
+    metrics.write_text(metrics.read_text()[:50])
+    again = run_compare(cfg, [], ["all-pre"], 1, out)[0].runs[0]
+    assert again["valid"] == first["valid"] and json.loads(metrics.read_text())["valid"] == first["valid"]
+    (out / "compare.json").write_text("")
+    with pytest.raises(ConfigError, match="compare.json is damaged"):
+        run_compare(cfg, [], ["all-pre"], 1, out)

@@ -163,3 +163,47 @@ def test_a_short_name_read_through_hf_datasets_is_the_wikitext_folder(monkeypatc
     (tmp_path / "wikitext-2").mkdir()  # an existing path wins over the short name
     with pytest.raises(DataError, match="missing split file"):
         load_corpus(DataConfig(corpus="wikitext-2", cache_dir=str(tmp_path / "c")))
+
+
+@pytest.mark.parametrize("damage", ["empty", "cut", "garbage", "shorter", "meta"])
+def test_a_damaged_token_cache_is_rebuilt(tmp_path, cache_dir, damage):
+    """A cache entry left by a crash or a full disk (an empty or cut-short .npy, garbage, a
+    valid array of the wrong length, a garbled meta.json) is rebuilt, never raised."""
+    from pathlib import Path
+
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"line {i:04d}\n" for i in range(1000)))
+    cfg = DataConfig(corpus=str(f), cache_dir=cache_dir)
+    want = {s: np.asarray(a).copy() for s, a in load_corpus(cfg).splits.items()}
+    (folder,) = Path(cache_dir).iterdir()
+    target = folder / ("meta.json" if damage == "meta" else "test.npy")
+    if damage == "empty":
+        target.write_bytes(b"")  # `: > test.npy`: np.load raises EOFError
+    elif damage == "cut":
+        target.write_bytes(target.read_bytes()[:100])
+    elif damage == "garbage":
+        target.write_bytes(b"\x93NUMPY garbage")
+    elif damage == "shorter":
+        np.save(target, want["test"][:-10])
+    else:
+        target.write_text("{not json")
+    again = load_corpus(cfg)
+    for split, arr in want.items():
+        np.testing.assert_array_equal(np.asarray(again.splits[split]), arr)
+    assert isinstance(load_corpus(cfg).splits["test"], np.memmap)  # the rebuilt entry serves the next run
+
+
+def test_the_token_cache_is_written_atomically_and_flushed(tmp_path, cache_dir, monkeypatch):
+    """Every cache file goes through a flushed temporary file and a rename (no temporary left)."""
+    import os
+    from pathlib import Path
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    f = tmp_path / "t.txt"
+    f.write_text("".join(f"line {i:04d}\n" for i in range(300)))
+    load_corpus(DataConfig(corpus=str(f), cache_dir=cache_dir))
+    (folder,) = Path(cache_dir).iterdir()
+    assert len(synced) == 4  # train, valid, test, meta.json
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "test.npy", "train.npy", "valid.npy"]
