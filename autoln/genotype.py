@@ -26,7 +26,7 @@ import numpy as np
 
 from .config import AFFINES, GRANULARITIES, ModelConfig
 from .errors import GenotypeError
-from .io import write_json_atomic
+from .io import json_safe, write_json_atomic
 from .placements import NORMS, PLACEMENTS, parse_name, placement_names
 
 FORMAT = "autoln.genotype"
@@ -95,7 +95,13 @@ class Genotype:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the genotype JSON atomically. Returns the path."""
+        """Write the genotype JSON atomically, after checking it as :meth:`load` will (so no
+        file is written that its own loader refuses, e.g. NaN probabilities). Returns the path.
+
+        Raises:
+            GenotypeError: the genotype fails :meth:`from_dict`'s checks (nothing is written).
+        """
+        Genotype.from_dict(json_safe(self.to_dict()), source=f"the genotype to write to {path}")  # as written: NaN -> null
         return write_json_atomic(path, self.to_dict())
 
     @classmethod

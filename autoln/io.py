@@ -57,14 +57,14 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return _atomic(path, lambda fh: fh.write(text.encode("utf-8")), "wb")
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """``obj`` with every NaN or infinite float replaced by None (recursively)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -76,7 +76,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
     Raises:
         OSError: as :func:`write_text_atomic`.
     """
-    return write_text_atomic(path, json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+    return write_text_atomic(path, json.dumps(json_safe(obj), indent=2, allow_nan=False) + "\n")
 
 
 def save_torch_atomic(obj: Any, path: str | Path) -> Path:

@@ -58,6 +58,22 @@ MIXINGS: dict[str, Callable[[torch.Tensor, float, Noise], torch.Tensor]] = {
     "gumbel-hard": _gumbel_hard,
     "sigmoid": _sigmoid,
 }
+def probabilities(alphas: torch.Tensor, tau: float, mixing: str) -> torch.Tensor:
+    """The relaxed mixing weights of ``alphas`` ``(n_sites, K)`` normalised per site, in float64
+    and in log space, so that no row underflows to ``0 / 0``: ``softmax(alpha / tau)`` for the
+    softmax family (their relaxed form), ``softmax(logsigmoid(alpha)) = sigmoid(alpha) /
+    sum(sigmoid(alpha))`` for ``sigmoid`` (whose three weights at alphas near -120 are each
+    below float32's smallest number). ``(n_sites, K)``, rows summing to 1.
+
+    Raises:
+        KeyError: unknown ``mixing``.
+    """
+    if mixing not in MIXINGS:
+        raise KeyError(mixing)
+    a = alphas.detach().double()
+    return torch.softmax(F.logsigmoid(a) if mixing == "sigmoid" else a / tau, dim=-1)
+
+
 #: Mixing functions that draw Gumbel noise in training steps.
 STOCHASTIC = ("gumbel", "gumbel-hard")
 

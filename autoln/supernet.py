@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .mixing import MIXINGS, STOCHASTIC, Noise, draw_gumbel
+from .mixing import probabilities as mixing_probabilities
 from .model import TransformerLM
 
 
@@ -121,6 +122,7 @@ class Supernet(TransformerLM):
 
     def probabilities(self) -> np.ndarray:
         """The genotype's probabilities ``(n_sites, K)``, float64 numpy: the relaxed weights
-        normalised per site (softmax as is; sigmoid mixing divided by its row sum)."""
-        w = self.site_weights().detach().double()
-        return (w / w.sum(-1, keepdim=True)).cpu().numpy()
+        normalised per site (softmax as is; sigmoid mixing divided by its row sum), computed in
+        log space so that weights below float32's range give finite numbers
+        (:func:`autoln.mixing.probabilities`)."""
+        return mixing_probabilities(self.alphas, self.tau, self.mixing).cpu().numpy()

@@ -126,9 +126,9 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_samples: 
     by_spec = {e.spec: e for e in again}
     placements = [Genotype.load(p).placements for p in samples]
     scores = supernet_scores(out / name / "search", placements, score_windows)
-    finite = [i for i in range(n_samples) if np.isfinite(seed0[i])]
+    finite = [i for i in range(n_samples) if np.isfinite(seed0[i]) and np.isfinite(scores[i])]
     tau = kendall_tau([scores[i] for i in finite], [seed0[i] for i in finite]) if len(finite) >= 2 else None
-    sample_values = [seed0[i] for i in finite]
+    sample_values = [v for v in seed0 if np.isfinite(v)]
     rows = []
     for e in first[n_samples + 1:]:
         runs = valid(e)

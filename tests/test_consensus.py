@@ -89,7 +89,7 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
                 cache=cache_dir, check=False)
     assert stale.returncode == 2 and "search.steps (12 -> 11)" in stale.stderr and "--overwrite" in stale.stderr
     # --overwrite removes the old consensus and every old seed folder
-    run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=2", "--set", "search.eval_every=2",
+    run("search.py", "--config", TINY, "--seeds", "2", *short, "--set", "search.steps=2", "--set", "search.warmup_steps=1", "--set", "search.eval_every=2",
         "--set", "search.arch_warmup_steps=0", "--out", str(out), "--overwrite", cache=cache_dir)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("events")) == ["genotype.json", "seed0", "seed1", "votes.md"]
     assert len(list(out.glob("events.out.tfevents.*"))) == 1

@@ -194,7 +194,7 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--seeds", "2", "--retrain-seeds", "2",
             "--out", str(out), "--set", f"data.corpus={corpus}"]
     for key in ("search.steps=6", "search.eval_every=3", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
-                "retrain.steps=4", "retrain.eval_every=2", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
+                "retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
         args += ["--set", key]
     assert _script("stability").main(args) == 0
     r = json.loads((out / "stability.json").read_text())[0]

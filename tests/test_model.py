@@ -283,7 +283,7 @@ def test_retrain_builds_the_searched_gain_forms(tmp_path, monkeypatch, cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-        "model.candidates=[pre, peri]", "model.affine=search", "retrain.steps=2", "retrain.eval_every=2",
+        "model.candidates=[pre, peri]", "model.affine=search", "retrain.steps=2", "retrain.warmup_steps=1", "retrain.eval_every=2",
         "retrain.final_eval_windows=2", "retrain.eval_windows=2", "logging.progress=false", "logging.tensorboard=false"])
     g = from_probabilities(np.full((2, 4), 0.25), cfg.model, 256, choices=[3, 0])  # peri:fixed, pre
     g.save(tmp_path / "g.json")

@@ -124,3 +124,28 @@ def test_score_selection_evolves_on_a_large_space(tiny_model_cfg):
     assert score_select(net, _separable_loss(cost), seed=0).evaluated == result.evaluated
     with pytest.raises(ValueError, match="population >= 2"):
         score_select(net, _separable_loss(cost), seed=0, population=1)
+
+
+def test_sigmoid_weights_below_float32_give_finite_probabilities_and_a_loadable_genotype(tiny_model_cfg, tmp_path):
+    """Alphas near -120 under sigmoid mixing: each weight underflows float32, yet the
+    probabilities are sigmoid(a) / sum sigmoid(a) = softmax(a) there, finite, and the genotype
+    written from them loads. A genotype that its loader would refuse is never written."""
+    from autoln.errors import GenotypeError
+    from autoln.genotype import Genotype
+
+    net = Supernet(tiny_model_cfg, VOCAB, mixing="sigmoid")
+    with torch.no_grad():
+        net.alphas.copy_(torch.tensor([[-120.0, -110.0, -130.0], [0.0, 2.0, -1.0], [-1000.0, -1000.0, -999.0]]))
+    assert float(net.site_weights()[0].sum()) == 0.0  # the weights themselves underflow
+    probs = net.probabilities()
+    np.testing.assert_allclose(probs[0], torch.softmax(torch.tensor([-120.0, -110.0, -130.0], dtype=torch.float64), 0), rtol=1e-9)
+    s = torch.sigmoid(torch.tensor([0.0, 2.0, -1.0], dtype=torch.float64))
+    np.testing.assert_allclose(probs[1], (s / s.sum()).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(probs[2], torch.softmax(torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), 0), rtol=1e-9)
+    g = from_probabilities(probs, tiny_model_cfg, VOCAB)
+    assert Genotype.load(g.save(tmp_path / "g.json")).placements == ["post", "post", "deepnorm"]
+    bad = from_probabilities(probs, tiny_model_cfg, VOCAB)
+    bad.probabilities[0] = [float("nan")] * 3
+    with pytest.raises(GenotypeError, match="probabilities\\[0\\]"):
+        bad.save(tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()
