@@ -423,8 +423,10 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    """``tensorboard``: write event files in the run folder; ``progress``: show a tqdm bar;
-    ``log_every``: steps between training-loss scalars."""
+    """``tensorboard``: write event files in the run folder; ``progress``: show progress, as a
+    tqdm bar on a terminal and, when stderr is redirected to a file, as one line per evaluation
+    (a bar there would add a line per redraw); ``false`` shows neither. ``log_every``: steps
+    between training-loss scalars."""
 
     tensorboard: bool = True
     progress: bool = True
@@ -628,8 +630,9 @@ def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
       R-DARTS rule evaluates 20 times.
 
     Raises:
-        ConfigError: a key the user chose that does nothing with the others (selection
-            settings of a selection that does not use them).
+        ConfigError: a key set with ``--set`` that does nothing with the others (selection
+            settings of a selection that does not use them; a config file's are left alone,
+            as a file serves many runs).
     """
     import sys
 
@@ -652,8 +655,8 @@ def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
             sc.eval_every = sc.steps // 20
     inert = [("search.selection_tune_steps", sc.selection != "perturbation", "only perturbation-based selection fine-tunes"),
              ("search.selection_windows", sc.selection == "argmax", "argmax reads the alphas and measures nothing")]
-    for key, idle, why in inert:
-        if key in chosen and idle:
+    for key, idle, why in inert:  # set on the command line for this run (a config file serves many runs and modes)
+        if chosen.get(key) == "--set" and idle:
             raise ConfigError(f"{key} ({chosen[key]}) does nothing with search.selection={sc.selection}: {why}; "
                               f"drop it, or choose a selection that uses it")
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from . import distributed
 from .config import Config
@@ -35,7 +34,7 @@ from .supernet import site_names
 from .tb import Logger
 from .model import TransformerLM
 from .resources import check_fits
-from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
+from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, progress_bar, progress_line, resolve_device,
                        seed_everything, train_step, utc_now, weight_optimizer)
 
 METRICS_FILE = "metrics.json"
@@ -252,8 +251,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
                                     "wall_time_s": state["wall_time_s"] + time.perf_counter() - session}})
 
     show = cfg.logging.progress and main
-    bar = tqdm(range(start + 1, rc.steps + 1), desc="retrain", unit="step", disable=not show, dynamic_ncols=True, initial=start,
-               total=rc.steps)
+    bar = progress_bar(range(start + 1, rc.steps + 1), show=show, desc="retrain", unit="step", initial=start, total=rc.steps)
     unit = UNITS[headline]
     try:
         for step in bar:
@@ -282,6 +280,9 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
             if show:
                 shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
                 bar.set_postfix_str(f"train loss {loss_v:.3f} nats/token, valid {shown} ({len(valid_starts)} windows)")
+                if evaluation:
+                    progress_line(show, f"retrain step {step}/{rc.steps}: train loss {loss_v:.3f} nats/token, valid {shown} "
+                                        f"({len(valid_starts)} windows)")
     except BaseException:
         bar.close()
         log.close()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from . import distributed
 from .architect import Architect, weight_step
@@ -32,8 +31,8 @@ from .resources import check_fits
 from .selection import LossFn, ScoreSelection, Selection, clear_winner, perturbation_select, score_select
 from .supernet import Supernet
 from .tb import Logger
-from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, resolve_device,
-                       seed_everything, utc_now, weight_optimizer)
+from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, progress_bar, progress_line,
+                       resolve_device, seed_everything, utc_now, weight_optimizer)
 
 GENOTYPE_FILE = "genotype.json"
 
@@ -114,7 +113,7 @@ def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed:
     ``step``. ``loss`` and ``tune`` as there."""
     n_sites = len(model.site_names)
     order = [int(i) for i in np.random.default_rng([seed, 6]).permutation(n_sites)]
-    bar = tqdm(total=n_sites, desc="perturbation selection", unit="site", disable=not show, dynamic_ncols=True)
+    bar = progress_bar(show=show, total=n_sites, desc="perturbation selection", unit="site")
 
     def tune_and_count() -> None:
         bar.update(1)
@@ -274,7 +273,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
 
     show = cfg.logging.progress and main
     todo = range(start + 1, sc.steps + 1) if state["stopped_at"] is None else range(0)  # an early stop's checkpoint: done
-    bar = tqdm(todo, desc="search", unit="step", disable=not show, dynamic_ncols=True, initial=start, total=sc.steps)
+    bar = progress_bar(todo, show=show, desc="search", unit="step", initial=start, total=sc.steps)
     try:
         for step in bar:
             model.tau = temperature(sc, step)
@@ -320,6 +319,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
                 arch = f"argmax [{' '.join(names)}]" if alpha_step else f"alphas frozen until step {sc.arch_warmup_steps + 1}"
                 shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
                 bar.set_postfix_str(f"train loss {loss_w:.3f} nats/token, supernet valid {shown}, {arch}")
+                if evaluation:
+                    progress_line(show, f"search step {step}/{sc.steps}: train loss {loss_w:.3f} nats/token, supernet valid {shown}, {arch}")
     except BaseException:
         bar.close()
         log.close()
@@ -364,7 +365,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     elif sc.selection == "score":
         signals.when = "during genotype scoring (which starts again from the checkpoint of the search's last step)"
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
-        bar = tqdm(desc="scoring genotypes", unit="genotype", disable=not show, dynamic_ncols=True)
+        bar = progress_bar(show=show, desc="scoring genotypes", unit="genotype")
 
         def scored_one(_: int) -> None:
             bar.update(1)

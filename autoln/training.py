@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import random
+import sys
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -151,6 +152,29 @@ def on_cuda(param: torch.Tensor) -> bool:
     return param.device.type == "cuda"
 
 
+def on_terminal() -> bool:
+    """True when stderr is a terminal: a progress bar redraws in place there, while in a
+    redirected log every redraw would be another line (tqdm#750)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
+def progress_bar(iterable=None, *, show: bool, **kwargs) -> tqdm:
+    """A tqdm bar (``kwargs`` as tqdm's) drawn when ``show`` (``logging.progress`` on the main
+    process) and stderr is a terminal; off a terminal it is disabled, and :func:`progress_line`
+    writes one line per evaluation instead."""
+    return tqdm(iterable, disable=not (show and on_terminal()), dynamic_ncols=True, **kwargs)
+
+
+def progress_line(show: bool, text: str) -> None:
+    """With ``show`` and stderr not a terminal (a redirected log), write ``text`` as one line to
+    stderr: the progress a bar would have shown, once per evaluation."""
+    if show and not on_terminal():
+        print(text, file=sys.stderr, flush=True)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
              mix: Optional[torch.Tensor] = None, progress: Optional[str] = None) -> float:
@@ -168,7 +192,7 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
     mine = starts[distributed.rank()::distributed.world_size()]
     batches = eval_batches(tokens, mine, context, batch_size)
     if progress is not None and distributed.is_main():
-        batches = tqdm(batches, desc=progress, total=math.ceil(len(mine) / batch_size), unit="batch", dynamic_ncols=True, leave=False)
+        batches = progress_bar(batches, show=True, desc=progress, total=math.ceil(len(mine) / batch_size), unit="batch", leave=False)
     for x, y in batches:
         _, loss = model(x.to(device), y.to(device)) if mix is None else model(x.to(device), y.to(device), mix=mix)
         total += loss.item() * y.numel()

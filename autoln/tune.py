@@ -71,7 +71,7 @@ class Census:
 def _optuna():
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # Optuna's warnings say what it is waiting on or dropping
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
 
@@ -580,6 +580,11 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
     lock = _FolderLock(out)
     study = None
     try:
+        stale = out / (JOURNAL_FILE + ".lock")  # Optuna's journal lock: this command holds the folder, so one found now
+        if cfg.tune.storage is None and (stale.exists() or stale.is_symlink()):  # was left by a killed command
+            stale.unlink()
+            print(f"[tune] removed {stale}, a journal lock left by a killed command (Optuna would wait 30 s for it)",
+                  file=sys.stderr)
         if overwrite:
             _clear(cfg, out)
         study = open_study(cfg, out, cfg.tune.rank_offset, create=True)

@@ -19,9 +19,9 @@ from .conftest import ROOT, shared_path
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
-def run(script: str, *args: str, cache: str, check: bool = True) -> subprocess.CompletedProcess:
+def run(script: str, *args: str, cache: str, check: bool = True, progress: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": cache}
-    proc = subprocess.run([sys.executable, str(ROOT / script), *args, "--set", "logging.progress=false"],
+    proc = subprocess.run([sys.executable, str(ROOT / script), *args, "--set", f"logging.progress={str(progress).lower()}"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -234,3 +234,19 @@ def test_heat_map_boxes_the_chosen_placement_even_below_the_top_probability():
     boxes = sorted((int(p.get_x() + 0.5), int(p.get_y() + 0.5)) for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill())
     assert boxes == [(1, 0), (2, 1)]  # (candidate, site): post at block0 (0.3 < 0.5), deepnorm at block1
     assert sorted(t.get_text() for t in ax.texts if t.get_text().endswith("*")) == ["0.300*", "0.700*"]
+
+
+def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path):
+    """Off a terminal (stderr to a file or pipe) the progress bars would write a line per redraw
+    (tqdm#750): the search and the retrain write one line per evaluation instead."""
+    cache = str(tmp_path / "cache")
+    proc = run("search.py", "--config", TINY, "--set", "search.steps=20", "--set", "search.eval_every=10",
+               "--set", "search.arch_warmup_steps=4", "--set", "search.selection=argmax", "--set", "logging.tensorboard=false",
+               "--out", str(tmp_path / "s"), cache=cache, progress=True)
+    assert "\r" not in proc.stderr
+    assert [line.split(":")[0] for line in proc.stderr.splitlines() if line.startswith("search step")] == \
+        ["search step 10/20", "search step 20/20"]
+    proc = run("retrain.py", "--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=20", "--set", "retrain.eval_every=10",
+               "--set", "retrain.final_eval_windows=4", "--set", "logging.tensorboard=false", "--out", str(tmp_path / "r"),
+               cache=cache, progress=True)
+    assert "\r" not in proc.stderr and sum(line.startswith("retrain step") for line in proc.stderr.splitlines()) == 2

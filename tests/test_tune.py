@@ -475,3 +475,16 @@ def test_a_long_differing_value_is_cut_in_the_one_line_error():
     space = {"search.arch_lr": {"log-uniform": [1e-4, 3e-2]}, "search.lr": {"log-uniform": [5e-4, 5e-3]}}
     assert _clipped_repr(space) == repr(space)[:57] + "..." and len(_clipped_repr(space)) == 60
     assert _clipped_repr(100) == "100" and _clipped_repr("cosine") == "'cosine'"
+
+
+def test_a_stale_journal_lock_is_removed_at_once(tmp_path, cache):
+    """Optuna's journal lock left by a killed command (a symlink ``study.journal.lock``): the
+    command holds the folder's own lock, so it removes the stale one and says so, instead of
+    sitting silent while Optuna waits 30 s to force it (optuna/optuna#6361)."""
+    out = tmp_path / "stale"
+    out.mkdir()
+    os.symlink(out / "study.journal", out / "study.journal.lock")
+    proc = tune(out, *FAST, "--set", "tune.n_trials=1", "--set", "tune.space={search.arch_lr: {log-uniform: [1.0e-3, 1.0e-2]}}",
+                cache=cache)
+    assert "journal lock left by a killed command" in proc.stderr and "1/1 finished" in proc.stdout
+    assert not os.path.lexists(out / "study.journal.lock")
