@@ -105,12 +105,13 @@ def monitor_step(monitor: CollapseMonitor, model: Supernet, batch, log: Logger, 
     return record
 
 
-def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed: int, log: Logger, step: int,
+def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed: int, log: Logger, step: Callable[[], int],
                   show: bool) -> Selection:
     """Perturbation-based selection (:func:`autoln.selection.perturbation_select`) of every site
     in a random order drawn from ``seed``, with a progress bar; logs the loss rises as scalars
     ``selection/<site>/<candidate>`` (nats/token) and a Markdown table ``selection`` at
-    ``step``. ``loss`` and ``tune`` as there."""
+    ``step()``, the step of the last fine-tuning update (where the selection ends, as every
+    record of its result). ``loss`` and ``tune`` as there."""
     n_sites = len(model.site_names)
     order = [int(i) for i in np.random.default_rng([seed, 6]).permutation(n_sites)]
     bar = progress_bar(show=show, total=n_sites, desc="perturbation selection", unit="site")
@@ -124,8 +125,8 @@ def run_selection(model: Supernet, loss: LossFn, tune: Callable[[], None], seed:
     finally:
         bar.close()
     for site, row in zip(model.site_names, selection.loss_rises):
-        log.scalars({cand: float(v) for cand, v in zip(model.candidates, row)}, step, f"selection/{site}")
-    log.text("selection", selection_markdown(selection, model.site_names, model.candidates), step)
+        log.scalars({cand: float(v) for cand, v in zip(model.candidates, row)}, step(), f"selection/{site}")
+    log.text("selection", selection_markdown(selection, model.site_names, model.candidates), step())
     return selection
 
 
@@ -329,6 +330,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     valid_metrics, record, stopped_at = state["valid_metrics"], state["record"], state["stopped_at"]
     selection = scored = None  # a resumed run that was interrupted here redoes the selection from the last step's checkpoint
     early = None
+    final_step = stopped_at or sc.steps  # the step of the genotype's every record (after any fine-tuning of the selection)
     if stopped_at is not None:  # R-DARTS returns the architecture from before the rise, as it was then
         early = {"stopped_at_step": stopped_at, "genotype_from_step": monitor.before_rise()[0]}
     elif sc.selection == "perturbation":
@@ -352,15 +354,15 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         sel_starts = WindowSampler(train, a_chunks, mc.context, sc.selection_windows, seed=[sc.seed, 5]).sample_starts()
         try:
             selection = run_selection(model, lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
-                                      tune, sc.seed, log, sc.steps, show)
+                                      tune, sc.seed, log, lambda: sc.steps + tuned[0], show)
         except BaseException:
             log.close()
             raise
         selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
-        log.scalars(selected_valid, sc.steps, "valid_selected")
+        final_step = sc.steps + tuned[0]  # the selection ends after its fine-tuning updates: its every record is logged there
+        log.scalars(selected_valid, final_step, "valid_selected")
         # the alphas went on training during the fine-tuning: log where they ended, after it
-        log.alphas(model.probabilities(), model.site_names, model.candidates, sc.steps + tuned[0], image=True,
-                   chosen=selection.choices)
+        log.alphas(model.probabilities(), model.site_names, model.candidates, final_step, image=True, chosen=selection.choices)
 
     elif sc.selection == "score":
         signals.when = "during genotype scoring (which starts again from the checkpoint of the search's last step)"
@@ -429,6 +431,6 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
     distributed.barrier()
     log.text("genotype", f"final ({sc.selection}): `{genotype.describe()}`\n\n"
-             + genotype_markdown(probs, model.site_names, model.candidates, chosen), stopped_at or sc.steps)
+             + genotype_markdown(probs, model.site_names, model.candidates, chosen), final_step)
     log.close()
     return SearchResult(genotype, path, valid_metrics, wall, model)

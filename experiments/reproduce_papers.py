@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoln.cli import guarded
 from autoln.config import ModelConfig, load_config
-from autoln.io import save_figure_atomic, write_text_atomic
+from autoln.io import read_json, save_figure_atomic, write_text_atomic
 
 
 def _plt():
@@ -96,8 +96,9 @@ def _retrain(cfg, spec: str, run_dir: Path) -> dict:
     from autoln.run_retrain import METRICS_FILE, run_retrain
     from autoln.errors import DivergenceError
 
-    if (run_dir / METRICS_FILE).exists():
-        return json.loads((run_dir / METRICS_FILE).read_text())
+    done = read_json(run_dir / METRICS_FILE)  # None when missing or damaged (then it is retrained)
+    if isinstance(done, dict):
+        return done
     if (run_dir / "diverged.txt").exists():
         return {"diverged": (run_dir / "diverged.txt").read_text().strip()}
     try:

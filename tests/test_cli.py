@@ -89,6 +89,11 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert rises == pytest.approx([v for row in sel["loss_rises"] for v in row], abs=1e-5)
     assert "selection/text_summary" in acc.Tags()["tensors"]
     assert "valid_selected/bits_per_byte" in scalars
+    # every record of the answer at one step: the last fine-tuning update of the selection
+    end = 100 + sel["fine_tuning_updates"]
+    assert steps[-1] == end and [e.step for e in acc.Images("alphas")][-1] == end
+    assert acc.Scalars("valid_selected/bits_per_byte")[-1].step == end == acc.Scalars("selection/block0/pre")[-1].step
+    assert acc.Tensors("genotype/text_summary")[-1].step == end == acc.Tensors("selection/text_summary")[-1].step
 
 
 def test_retrain_reports_bits_per_byte(searched):
