@@ -2,8 +2,25 @@
 
 Modules, in dependency order: :mod:`errors`, :mod:`placements` (the search space),
 :mod:`config`, :mod:`io`, :mod:`data`, :mod:`model`, :mod:`supernet`, :mod:`genotype`,
-:mod:`training`, :mod:`architect` (the bilevel step), :mod:`tb`, :mod:`run_search`,
-:mod:`run_retrain`, :mod:`cli`.
+:mod:`training`, :mod:`architect` (the bilevel step), :mod:`selection`, :mod:`api` (your own
+model), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
+
+The public API for a model of your own (README, *Your own model*), imported on first use:
+``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
+``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``.
 """
 
 __version__ = "0.1.0"
+
+_PUBLIC = {"Site": "model", "SearchModel": "api", "search": "api", "derive": "api", "SiteGenotype": "api",
+           "load_derived": "api", "SearchOutcome": "api", "SearchConfig": "config"}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    """The public names, imported on first use (``import autoln`` alone stays light)."""
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    raise AttributeError(f"module 'autoln' has no attribute {name!r}")

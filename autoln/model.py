@@ -150,15 +150,29 @@ class Site(nn.Module):
     is accumulated by :meth:`autoln.placements.Placement.mix_into`. (Separate calls, not one
     call on the inputs stacked along the batch: equally fast on CPU, without the copy.)
 
+    The public face of autoln for a user's own model (README, *Your own model*): a block's
+    ``x = x + self.attn(self.ln_1(x))`` becomes ``x = self.attn_site(x, self.attn)`` with
+    ``self.attn_site = autoln.Site(["pre", "post", "deepnorm"], d_model, n_layers, layer=i + 1)``.
+    Inside :class:`autoln.api.SearchModel` the site mixes its candidates with the weights the
+    search sets (:attr:`mix`); after :func:`autoln.api.derive` it holds one placement.
+
     Args:
         candidates: placement names (``pre``, ``pre:fixed``, ...), in the order of the mixing weights.
-        d_model, n_layers, norm: passed to each placement.
+        d_model, n_layers, norm: passed to each placement (``n_layers``: the model's number of
+            blocks ``N``, for DeepNorm's constants; ``norm``: a key of
+            :data:`autoln.placements.NORMS`).
         layer: 1-based index of the block (LayerNorm Scaling's ``l``).
+
+    Raises:
+        KeyError: an unknown candidate name (:func:`autoln.placements.build_placement`).
     """
 
-    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str, layer: int = 1) -> None:
+    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str = "layernorm", layer: int = 1) -> None:
         super().__init__()
         self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer) for n in candidates})
+        #: The mixing weights ``(K,)`` of the current forward pass when the site is searched inside
+        #: :class:`autoln.api.SearchModel` (which sets and clears it); None otherwise.
+        self.mix: Optional[torch.Tensor] = None
         shared: dict[bool, nn.Module] = {}
         for p in self.placements.values():
             if p.input == "norm":  # pre and peri of one gain form share LN_in (see above)
@@ -173,14 +187,22 @@ class Site(nn.Module):
         return list(groups.values())
 
     def forward(self, x: torch.Tensor, branch: nn.Module, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Args: ``x`` ``(B, T, d_model)``; ``branch`` the shared sublayer; ``weights`` ``(K,)``
-        mixing weights over the candidates (required when there are several, else ignored).
-        Returns ``(B, T, d_model)``."""
+        """Args: ``x`` ``(B, T, d_model)``; ``branch`` the shared sublayer (any module mapping
+        ``(B, T, d_model)`` to itself); ``weights`` ``(K,)`` mixing weights over the candidates
+        (when there are several: given, or set in :attr:`mix` by the search; ignored with one).
+        Returns ``(B, T, d_model)``.
+
+        Raises:
+            ValueError: several candidates and no mixing weights (a searched site used outside
+                :class:`autoln.api.SearchModel`, or not derived).
+        """
         placements = list(self.placements.values())
         if len(placements) == 1:
             return placements[0](x, branch)
+        weights = self.mix if weights is None else weights
         if weights is None:
-            raise ValueError("a site with several candidates needs mixing weights")
+            raise ValueError(f"a site with several candidates ({list(self.placements)}) needs mixing weights: run the model "
+                             "inside autoln.SearchModel, or autoln.derive it to one placement first")
         fx = [None] * len(placements)
         for group in self.input_groups():
             out = branch(placements[group[0]].branch_input(x))

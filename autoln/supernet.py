@@ -28,9 +28,88 @@ def site_names(n_layers: int, granularity: str) -> list[str]:
     return [f"block{i}.{s}" for i in range(n_layers) for s in ("attn", "ffn")]
 
 
-class Supernet(TransformerLM):
+class SupernetMixin:
+    """What makes a module a supernet, shared by :class:`Supernet` (autoln's own model) and
+    :class:`autoln.api.SearchModel` (a user's model with :class:`autoln.model.Site` s): the
+    architecture parameters ``alphas`` ``(n_sites, K)`` over ``candidates``, the mixing
+    function and its temperature ``tau``, the sites fixed by perturbation-based selection
+    (``projected``), and the narrow interface the architect, the selection and the search loop
+    use. A subclass sets ``alphas``, ``candidates``, ``site_names``, ``tau``, ``mixing`` and
+    ``projected`` in its ``__init__`` and implements :meth:`arrange`.
+    """
+
+    alphas: nn.Parameter
+    candidates: list[str]
+    site_names: list[str]
+    tau: float
+    mixing: str
+    projected: dict[int, int]
+    #: autocast dtype of the forward passes, None for fp32 (:func:`autoln.model.full_precision`).
+    autocast_dtype = None
+
+    def arch_parameters(self) -> list[nn.Parameter]:
+        """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
+        return [self.alphas]
+
+    def named_weight_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` for every parameter except the alphas."""
+        return [(n, p) for n, p in self.named_parameters() if p is not self.alphas]
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the alphas (branch weights, norms, embeddings)."""
+        return [p for _, p in self.named_weight_parameters()]
+
+    def draw_gumbel(self) -> Noise:
+        """Gumbel noise ``(n_sites, K)`` for one training step of a stochastic mixing
+        (``gumbel``, ``gumbel-hard``) in training mode; None otherwise."""
+        if self.mixing in STOCHASTIC and self.training:
+            return draw_gumbel(self.alphas.detach())
+        return None
+
+    def site_weights(self, gumbel: Noise = None) -> torch.Tensor:
+        """Mixing weights per site ``(n_sites, K)`` from :data:`autoln.mixing.MIXINGS`; without
+        noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
+        return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
+
+    def arrange(self, weights: torch.Tensor) -> torch.Tensor:
+        """The per-site weights ``(n_sites, K)`` in the layout the forward pass takes."""
+        raise NotImplementedError
+
+    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0, drop: tuple[int, int] | None = None) -> torch.Tensor:
+        """The mixing weights in the layout of :meth:`arrange`. ``noise > 0`` adds
+        ``U(-noise, noise)`` to each site's weights (SDARTS-RS, Chen & Hsieh 2020), for weight
+        steps only. Sites in :attr:`projected` get one-hot weights. ``drop = (site, k)`` zeroes
+        candidate ``k``'s weight at ``site`` without renormalising: the supernet with that
+        candidate removed (DARTS-PT, Wang et al. 2021, §3.2, as ruocwang/darts-pt's
+        ``project_op`` masks an operation)."""
+        w = self.site_weights(gumbel)
+        if noise > 0:
+            w = w + torch.empty_like(w).uniform_(-noise, noise)
+        if self.projected or drop is not None:
+            keep = torch.ones_like(w)
+            fixed = torch.zeros_like(w)
+            for site, k in self.projected.items():
+                keep[site] = 0.0
+                fixed[site, k] = 1.0
+            w = w * keep + fixed
+            if drop is not None:
+                mask = torch.ones_like(w)
+                mask[drop] = 0.0
+                w = w * mask
+        return self.arrange(w)
+
+    def probabilities(self) -> np.ndarray:
+        """The genotype's probabilities ``(n_sites, K)``, float64 numpy: the relaxed weights
+        normalised per site (softmax as is; sigmoid mixing divided by its row sum), computed in
+        log space so that weights below float32's range give finite numbers
+        (:func:`autoln.mixing.probabilities`)."""
+        return mixing_probabilities(self.alphas, self.tau, self.mixing).cpu().numpy()
+
+
+class Supernet(SupernetMixin, TransformerLM):
     """A :class:`TransformerLM` whose every site holds all of ``cfg.searched_candidates()``
-    (``cfg.candidates``, in one or both gain forms per ``cfg.affine``).
+    (``cfg.candidates``, in one or both gain forms per ``cfg.affine``); the alpha interface is
+    :class:`SupernetMixin`'s.
 
     Args:
         cfg: model dimensions, ``candidates`` and ``granularity``.
@@ -61,54 +140,11 @@ class Supernet(TransformerLM):
         #: step and is re-run on resume.
         self.projected: dict[int, int] = {}
 
-    def arch_parameters(self) -> list[nn.Parameter]:
-        """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
-        return [self.alphas]
-
-    def named_weight_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """``(name, parameter)`` for every parameter except the alphas."""
-        return [(n, p) for n, p in self.named_parameters() if p is not self.alphas]
-
-    def weight_parameters(self) -> list[nn.Parameter]:
-        """Every parameter except the alphas (branch weights, norms, embeddings)."""
-        return [p for _, p in self.named_weight_parameters()]
-
-    def draw_gumbel(self) -> Noise:
-        """Gumbel noise ``(n_sites, K)`` for one training step of a stochastic mixing
-        (``gumbel``, ``gumbel-hard``) in training mode; None otherwise."""
-        if self.mixing in STOCHASTIC and self.training:
-            return draw_gumbel(self.alphas.detach())
-        return None
-
-    def site_weights(self, gumbel: Noise = None) -> torch.Tensor:
-        """Mixing weights per site ``(n_sites, K)`` from :data:`autoln.mixing.MIXINGS`; without
-        noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
-        return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
-
-    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0, drop: tuple[int, int] | None = None) -> torch.Tensor:
-        """Per block and sublayer mixing weights ``(n_layers, 2, K)`` (layer granularity repeats
-        a row). ``noise > 0`` adds ``U(-noise, noise)`` to each site's weights (SDARTS-RS,
-        Chen & Hsieh 2020), for weight steps only. Sites in :attr:`projected` get one-hot
-        weights. ``drop = (site, k)`` zeroes candidate ``k``'s weight at ``site`` without
-        renormalising: the supernet with that candidate removed (DARTS-PT, Wang et al. 2021,
-        §3.2, as ruocwang/darts-pt's ``project_op`` masks an operation)."""
-        w = self.site_weights(gumbel)
-        if noise > 0:
-            w = w + torch.empty_like(w).uniform_(-noise, noise)
-        if self.projected or drop is not None:
-            keep = torch.ones_like(w)
-            fixed = torch.zeros_like(w)
-            for site, k in self.projected.items():
-                keep[site] = 0.0
-                fixed[site, k] = 1.0
-            w = w * keep + fixed
-            if drop is not None:
-                mask = torch.ones_like(w)
-                mask[drop] = 0.0
-                w = w * mask
+    def arrange(self, weights: torch.Tensor) -> torch.Tensor:
+        """Per block and sublayer ``(n_layers, 2, K)`` (layer granularity repeats a row)."""
         if self.granularity == "layer":
-            return w.unsqueeze(1).expand(-1, 2, -1)
-        return w.view(-1, 2, w.shape[-1])
+            return weights.unsqueeze(1).expand(-1, 2, -1)
+        return weights.view(-1, 2, weights.shape[-1])
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, mix: torch.Tensor | None = None):
         """As :meth:`TransformerLM.forward`; unless ``mix`` is given, mixes with
@@ -119,10 +155,3 @@ class Supernet(TransformerLM):
         """As :meth:`TransformerLM.hidden_states` (``n_layers + 1`` tensors ``(B, T, d_model)``),
         mixing with the deterministic relaxed weights unless ``mix`` is given."""
         return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
-
-    def probabilities(self) -> np.ndarray:
-        """The genotype's probabilities ``(n_sites, K)``, float64 numpy: the relaxed weights
-        normalised per site (softmax as is; sigmoid mixing divided by its row sum), computed in
-        log space so that weights below float32's range give finite numbers
-        (:func:`autoln.mixing.probabilities`)."""
-        return mixing_probabilities(self.alphas, self.tau, self.mixing).cpu().numpy()
