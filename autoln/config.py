@@ -30,7 +30,7 @@ import yaml
 from .errors import ConfigError
 from .placements import FIXED, NORMS, PLACEMENTS, RESIDUAL_INITS, parse_name, placement_names
 
-TOKENIZERS = ("bytes", "chars", "words")
+TOKENIZERS = ("bytes", "chars", "words", "bpe", "tokens")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 DIVERGENCE_POLICIES = ("stop", "skip_batch")
@@ -52,10 +52,25 @@ class DataConfig:
     ``arch_fraction``: share of the training split's chunks that form D_alpha (the rest is D_w).
     ``chunk_tokens``: size of those chunks, in tokens; every window lies inside one chunk.
     ``cache_dir``: where token arrays are cached (default ``$XDG_CACHE_HOME/autoln``).
+
+    ``corpus`` may also be a folder of token files in nanoGPT's layout (``train.bin`` and
+    ``val.bin`` of ``uint16`` token ids, as its ``prepare.py`` writes them; ``val.bin``'s first
+    half is the valid split, its second the test split): ``tokenizer`` is then ``tokens``
+    (the default there) and ``vocab_size`` gives the vocabulary size, or the folder's
+    ``meta.pkl`` does.
+
+    ``tokenizer``: ``bytes`` (default), ``chars``, ``words``, ``bpe`` (a byte-level BPE of
+    ``bpe_vocab_size`` tokens trained on the training split with Hugging Face ``tokenizers``,
+    cached like the token arrays, or the user's ``tokenizer_file``, a ``tokenizer.json``) or
+    ``tokens`` (token files). Bytes and BPE report bits per byte, so results compare across
+    tokenisers.
     """
 
     corpus: str = "stdlib"
     tokenizer: str = "bytes"
+    vocab_size: Optional[int] = None
+    bpe_vocab_size: int = 4096
+    tokenizer_file: Optional[str] = None
     valid_fraction: float = 0.05
     test_fraction: float = 0.05
     arch_fraction: float = 0.5
@@ -71,6 +86,10 @@ class DataConfig:
         if self.valid_fraction + self.test_fraction >= 0.5:
             raise ConfigError("data.valid_fraction + data.test_fraction must be below 0.5")
         _positive("data.chunk_tokens", self.chunk_tokens)
+        if self.vocab_size is not None:
+            _positive("data.vocab_size", self.vocab_size)
+        if not 256 < self.bpe_vocab_size <= 2**20:
+            raise ConfigError(f"data.bpe_vocab_size must be above 256 (the byte alphabet) and at most 2^20, got {self.bpe_vocab_size}")
 
 
 @dataclass
@@ -622,6 +641,7 @@ def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
     the built-in default. In place; prints a note for each key it changes, except the
     temperature that sigmoid mixing does not use.
 
+    - A ``data.corpus`` folder of token files (``train.bin``) is read with ``data.tokenizer: tokens``.
     - ``search.mixing: sigmoid`` has no temperature: ``tau_end`` takes ``tau_start``'s value.
     - A default warm-up (``search.warmup_steps``, ``retrain.warmup_steps``) that is not shorter
       than the run becomes a tenth of its steps; a default ``search.arch_warmup_steps`` (100,
@@ -637,6 +657,8 @@ def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
     import sys
 
     sc = cfg.search
+    if "data.tokenizer" not in chosen and (Path(cfg.data.corpus).expanduser() / "train.bin").is_file():
+        cfg.data.tokenizer = "tokens"  # a folder of nanoGPT token files is tokenised already
     if sc.mixing == "sigmoid" and not {"search.tau_start", "search.tau_end"} & set(chosen):
         sc.tau_end = sc.tau_start
     fits = [("search", "warmup_steps", 10), ("retrain", "warmup_steps", 10), ("search", "arch_warmup_steps", 5)]

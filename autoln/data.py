@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -42,7 +42,8 @@ CACHE_VERSION = 1
 EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 #: The headline metric per tokeniser: bits per byte for bytes, bits per character for
 #: characters, perplexity for words (docs/design.md §8).
-HEADLINE = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity"}
+HEADLINE = {"bytes": "bits_per_byte", "chars": "bits_per_char", "words": "perplexity", "bpe": "bits_per_byte",
+            "tokens": "perplexity"}
 #: The headline metric's unit as progress bars and messages show it.
 UNITS = {"bits_per_byte": "bits/byte", "bits_per_char": "bits/char", "perplexity": "perplexity"}
 #: ``data.corpus`` short names -> (Hugging Face dataset, config). The ``-v1`` configs are the
@@ -68,6 +69,8 @@ class Corpus:
         vocab_size: number of token ids; ``vocab``: id -> string (None for bytes).
         splits: ``{"train", "valid", "test"}`` -> 1-D integer arrays (memory-mapped).
         sources: ``{"train", ...}`` -> a description of where each split came from.
+        bytes_per_token: per split, the text's bytes over its tokens (1 for bytes; for BPE what
+            turns nats per token into bits per byte); empty when unknown (token files).
     """
 
     name: str
@@ -77,6 +80,7 @@ class Corpus:
     vocab: Optional[list[str]]
     splits: dict[str, np.ndarray]
     sources: dict[str, str]
+    bytes_per_token: dict[str, float] = field(default_factory=dict)
 
     def unigram_log_probs(self) -> np.ndarray:
         """Log-probabilities of each token id in the training split, add-one smoothed:
@@ -237,6 +241,124 @@ def tokenize(raw: dict[str, bytes], tokenizer: str, sources: dict[str, str]) -> 
     return ids, vocab
 
 
+TOKEN_FILES = ("train.bin", "val.bin")
+
+
+def read_token_files(cfg: DataConfig, folder: Path) -> Corpus:
+    """A folder of nanoGPT token files: ``train.bin`` and ``val.bin``, ``uint16`` token ids
+    (memory-mapped; ``val.bin``'s first half is the valid split, its second half the test
+    split), the vocabulary size from ``data.vocab_size`` or the folder's ``meta.pkl``
+    (``vocab_size``, and ``itos`` when present). The fingerprint hashes each file's size and
+    its first and last MiB (the files may be gigabytes).
+
+    Raises:
+        DataError: a missing file, a size that is not a whole number of ``uint16`` tokens, no
+            vocabulary size, an unreadable ``meta.pkl``, a token id outside the vocabulary (each
+            naming the file), or ``data.tokenizer`` other than ``tokens``.
+    """
+    import pickle
+
+    if cfg.tokenizer != "tokens":
+        raise DataError(f"data.corpus={cfg.corpus} holds token files (train.bin): they are tokenised already, so "
+                        f"data.tokenizer must be tokens, not {cfg.tokenizer}")
+    arrays, h = {}, hashlib.sha256()
+    for name in TOKEN_FILES:
+        f = folder / name
+        if not f.is_file():
+            raise DataError(f"data.corpus={cfg.corpus}: missing {f} (a token-file folder needs train.bin and val.bin, as nanoGPT's prepare.py writes)")
+        size = f.stat().st_size
+        if size % 2 or size == 0:
+            raise DataError(f"{f}: {size} bytes is not a whole, non-zero number of uint16 tokens (2 bytes each)")
+        arrays[name] = np.memmap(f, dtype=np.uint16, mode="r")
+        with open(f, "rb") as fh:
+            h.update(str(size).encode())
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    vocab_size, vocab, meta = cfg.vocab_size, None, folder / "meta.pkl"
+    if meta.is_file():
+        try:
+            with open(meta, "rb") as fh:
+                info = pickle.load(fh)  # the user's own file, as nanoGPT reads it
+            meta_size = int(info["vocab_size"])
+            vocab = [str(info["itos"][i]) for i in range(meta_size)] if "itos" in info else None
+        except Exception as exc:  # noqa: BLE001 - any damage: one line naming the file
+            raise DataError(f"{meta}: not a readable nanoGPT meta.pkl with a vocab_size ({type(exc).__name__}: {str(exc)[:120]})") from None
+        if vocab_size is None:
+            vocab_size = meta_size
+    if vocab_size is None:
+        raise DataError(f"data.corpus={cfg.corpus}: the vocabulary size is unknown; set data.vocab_size (e.g. 50257 for "
+                        "GPT-2's BPE) or put nanoGPT's meta.pkl beside the token files")
+    for name, arr in arrays.items():
+        top = int(arr.max())
+        if top >= vocab_size:
+            raise DataError(f"{folder / name}: token id {top} at position {int(arr.argmax())} is outside the vocabulary of "
+                            f"{vocab_size} (data.vocab_size or meta.pkl)")
+    val = arrays["val.bin"]
+    splits = {"train": arrays["train.bin"], "valid": val[: len(val) // 2], "test": val[len(val) // 2:]}
+    sources = {"train": str(folder / "train.bin"), "valid": f"{folder / 'val.bin'} (first half)",
+               "test": f"{folder / 'val.bin'} (second half)"}
+    return Corpus(cfg.corpus, "tokens", h.hexdigest(), vocab_size, vocab if vocab and len(vocab) == vocab_size else None,
+                  splits, sources)
+
+
+def bpe_tokenizer(cfg: DataConfig, train_text: str, folder: Path):
+    """The ``tokenizers.Tokenizer`` of ``data.tokenizer: bpe``: the user's ``data.tokenizer_file``
+    (a Hugging Face ``tokenizer.json``), or a byte-level BPE (GPT-2's pre-tokeniser, no special
+    tokens) of ``data.bpe_vocab_size`` tokens trained on ``train_text`` and saved as
+    ``folder/tokenizer.json`` (the cache entry's).
+
+    Raises:
+        DataError: ``tokenizers`` not installed (naming the pip command), or a
+            ``tokenizer_file`` that does not load (naming it).
+    """
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise DataError(f"data.tokenizer=bpe needs the optional Hugging Face tokenizers library; from the clone's folder run "
+                        f"{pip_extra('bpe')}") from None
+    if cfg.tokenizer_file:
+        try:
+            return Tokenizer.from_file(str(Path(cfg.tokenizer_file).expanduser()))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception types
+            raise DataError(f"data.tokenizer_file {cfg.tokenizer_file}: not a loadable Hugging Face tokenizer.json "
+                            f"({type(exc).__name__}: {str(exc)[:160]})") from None
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.bpe_vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[], show_progress=False)
+    lines = train_text.splitlines(keepends=True)
+    tok.train_from_iterator((lines[i:i + 1000] for i in range(0, len(lines), 1000)), trainer=trainer, length=len(lines))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / "tokenizer.json", tok.to_str())
+    except OSError:
+        pass  # caching is an optimisation
+    return tok
+
+
+def encode_bpe(tok, raw: dict[str, bytes], sources: dict[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Token ids per split (``uint16`` up to 65,536 tokens, else ``int32``) and the vocabulary
+    (id -> token string) of a ``tokenizers.Tokenizer``.
+
+    Raises:
+        DataError: a split that is not UTF-8 text (naming the file and the byte).
+    """
+    text = _decode(raw, sources)
+    size = tok.get_vocab_size()
+    dtype = np.uint16 if size <= 65536 else np.int32
+    ids = {}
+    for split, t in text.items():
+        lines = t.splitlines(keepends=True)
+        ids[split] = np.fromiter((i for enc in tok.encode_batch(lines) for i in enc.ids), dtype=np.int64).astype(dtype)
+    vocab = [""] * size
+    for token, i in tok.get_vocab().items():
+        if i < size:
+            vocab[i] = token
+    return ids, vocab
+
+
 def _cache_root(cfg: DataConfig) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
@@ -257,12 +379,27 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     Raises:
         DataError: as :func:`read_splits` and :func:`tokenize`.
     """
+    path = Path(cfg.corpus).expanduser()
+    if cfg.corpus != "stdlib" and path.is_dir() and (path / "train.bin").is_file():
+        return read_token_files(cfg, path)
+    if cfg.tokenizer == "tokens":
+        raise DataError(f"data.tokenizer=tokens reads a folder of nanoGPT token files (train.bin, val.bin); "
+                        f"data.corpus={cfg.corpus} is not one (text takes bytes, chars, words or bpe)")
     raw, sources = read_splits(cfg)
     h = hashlib.sha256()
     for split in SPLITS:
         h.update(raw[split])
     fingerprint = h.hexdigest()
-    key = hashlib.sha256(json.dumps([CACHE_VERSION, fingerprint, cfg.tokenizer, cfg.valid_fraction, cfg.test_fraction]).encode()).hexdigest()[:24]
+    settings: list = [CACHE_VERSION, fingerprint, cfg.tokenizer, cfg.valid_fraction, cfg.test_fraction]
+    if cfg.tokenizer == "bpe":
+        tokenizer_file = None
+        if cfg.tokenizer_file:
+            try:
+                tokenizer_file = hashlib.sha256(Path(cfg.tokenizer_file).expanduser().read_bytes()).hexdigest()
+            except OSError as exc:
+                raise DataError(f"data.tokenizer_file {cfg.tokenizer_file}: {exc.strerror or exc}") from None
+        settings += [cfg.bpe_vocab_size, tokenizer_file]
+    key = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:24]
     folder = _cache_root(cfg) / key
     meta_path = folder / "meta.json"
     if meta_path.is_file():
@@ -273,20 +410,26 @@ def load_corpus(cfg: DataConfig) -> Corpus:
             if meta["fingerprint"] == fingerprint and meta["vocab_size"] == (256 if vocab is None else len(vocab)) \
                     and all(a.ndim == 1 and len(a) == meta["lengths"][s] for s, a in splits.items()) \
                     and all(int(a.max(initial=0)) < meta["vocab_size"] for a in splits.values()):
-                return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], vocab, splits, sources)
+                return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], vocab, splits, sources,
+                              {k: float(v) for k, v in meta["bytes_per_token"].items()})
         except Exception:  # noqa: BLE001 - any damage (an empty .npy raises EOFError, a cut one ValueError...) rebuilds it
             pass
-    splits, vocab = tokenize(raw, cfg.tokenizer, sources)
+    if cfg.tokenizer == "bpe":
+        splits, vocab = encode_bpe(bpe_tokenizer(cfg, _decode({"train": raw["train"]}, sources)["train"], folder), raw, sources)
+    else:
+        splits, vocab = tokenize(raw, cfg.tokenizer, sources)
     vocab_size = 256 if vocab is None else len(vocab)
+    bytes_per_token = {s: len(raw[s]) / max(1, len(a)) for s, a in splits.items()}
     try:
         for split, arr in splits.items():
             save_numpy_atomic(arr, folder / f"{split}.npy")
         write_text_atomic(meta_path, json.dumps({"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint,
-                                                 "lengths": {s: int(len(a)) for s, a in splits.items()}}))
+                                                 "lengths": {s: int(len(a)) for s, a in splits.items()},
+                                                 "bytes_per_token": bytes_per_token}))
         splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
     except OSError:
         pass  # caching is an optimisation; the in-memory arrays serve
-    return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, vocab_size, vocab, splits, sources)
+    return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, vocab_size, vocab, splits, sources, bytes_per_token)
 
 
 def check_lengths(corpus: Corpus, context: int) -> None:
@@ -390,13 +533,22 @@ def eval_batches(tokens: np.ndarray, starts: np.ndarray, context: int, batch_siz
         yield windows(tokens, starts[i:i + batch_size], context)
 
 
-def metrics_from_loss(loss_nats: float, tokenizer: str) -> dict[str, float]:
+def metrics_from_loss(loss_nats: float, tokenizer: str, bytes_per_token: Optional[float] = None) -> dict[str, float]:
     """Report a mean cross-entropy (nats per token) in the units of docs/design.md §8.
 
-    Returns ``loss`` (nats/token), ``perplexity`` (``exp(loss)``), and ``bits_per_byte``
-    (bytes) or ``bits_per_char`` (chars), both ``loss / ln 2``.
+    Returns ``loss`` (nats/token), ``perplexity`` (``exp(loss)``, per token), and
+    ``bits_per_byte`` (bytes: ``loss / ln 2``; BPE: ``loss / ln 2 / bytes_per_token``, the
+    split's bytes over its tokens, so that BPE and bytes compare) or ``bits_per_char`` (chars,
+    ``loss / ln 2``).
+
+    Raises:
+        ValueError: ``bpe`` without a positive ``bytes_per_token``.
     """
     out = {"loss": loss_nats, "perplexity": math.exp(min(loss_nats, 700.0))}
     if tokenizer in ("bytes", "chars"):
         out[HEADLINE[tokenizer]] = loss_nats / math.log(2)
+    elif tokenizer == "bpe":
+        if not bytes_per_token or bytes_per_token <= 0:
+            raise ValueError("metrics_from_loss: bpe needs the split's bytes per token")
+        out["bits_per_byte"] = loss_nats / math.log(2) / bytes_per_token
     return out

@@ -266,7 +266,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
             evaluation = step % rc.eval_every == 0 or step == rc.steps
             if evaluation:
                 state["valid_metrics"] = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device),
-                                                           cfg.data.tokenizer)
+                                                           cfg.data.tokenizer, corpus.bytes_per_token.get("valid"))
                 log.scalars(state["valid_metrics"], step, "valid")
                 state["history"].append({"step": step, **state["valid_metrics"]})
                 diag = snapshot(model, diag_x, reference=diag_ref)
@@ -300,7 +300,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
         # more windows than the evaluations during training (retrain.eval_windows): the final figure
         progress = f"final {split} ({len(starts)} windows)" if show else None
         final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device, progress=progress),
-                                         cfg.data.tokenizer)
+                                         cfg.data.tokenizer, corpus.bytes_per_token.get(split))
         final[split]["windows"] = int(len(starts))
         ckpts.stop_if_signalled(signals, device, f"during the final evaluation ({split} done; --resume redoes it)")
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")

@@ -215,6 +215,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     sampler_w = WindowSampler(train, w_chunks, mc.context, sc.batch_size, seed=[sc.seed, 1])
     sampler_a = WindowSampler(train, a_chunks, mc.context, sc.batch_size, seed=[sc.seed, 2])
     valid_starts = eval_starts(len(valid), mc.context, sc.eval_windows)
+    bpt = corpus.bytes_per_token.get("valid")  # bits per byte of a BPE corpus
 
     supernet = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(supernet, device, sc)
@@ -299,7 +300,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             if step % cfg.logging.log_every == 0 or evaluation:
                 log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
             if evaluation:
-                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+                valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer, bpt)
                 state["valid_metrics"] = valid_metrics
                 log.scalars(valid_metrics, step, "valid")
                 log.text("genotype", genotype_markdown(model.probabilities(), model.site_names, model.candidates), step)
@@ -358,7 +359,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         except BaseException:
             log.close()
             raise
-        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer, bpt)
         final_step = sc.steps + tuned[0]  # the selection ends after its fine-tuning updates: its every record is logged there
         log.scalars(selected_valid, final_step, "valid_selected")
         # the alphas went on training during the fine-tuning: log where they ended, after it
@@ -382,13 +383,13 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             raise
         finally:
             bar.close()
-        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer)
+        selected_valid = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer, bpt)
         log.scalars(selected_valid, sc.steps, "valid_selected")
         log.text("selection", score_markdown(scored, model.candidates, mc.granularity), sc.steps)
 
     probs = model.probabilities() if early is None else np.asarray(monitor.before_rise()[1], dtype=np.float64)
     wall = state["wall_time_s"] + time.perf_counter() - session
-    plateau = metrics_from_loss(corpus.unigram_plateau("valid"), cfg.data.tokenizer)
+    plateau = metrics_from_loss(corpus.unigram_plateau("valid"), cfg.data.tokenizer, bpt)
     at_plateau = bool(valid_metrics) and valid_metrics["loss"] > plateau["loss"] - PLATEAU_MARGIN
     if at_plateau:
         distributed.print_main(

@@ -207,3 +207,110 @@ def test_the_token_cache_is_written_atomically_and_flushed(tmp_path, cache_dir, 
     (folder,) = Path(cache_dir).iterdir()
     assert len(synced) == 4  # train, valid, test, meta.json
     assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "test.npy", "train.npy", "valid.npy"]
+
+
+def _token_folder(tmp_path, train, val, meta=None):
+    import pickle
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    np.asarray(train, dtype=np.uint16).tofile(folder / "train.bin")
+    np.asarray(val, dtype=np.uint16).tofile(folder / "val.bin")
+    if meta is not None:
+        with open(folder / "meta.pkl", "wb") as fh:
+            pickle.dump(meta, fh)
+    return folder
+
+
+def test_nanogpt_token_files_are_read_as_they_are(tmp_path):
+    """train.bin / val.bin of uint16 ids (nanoGPT's prepare.py), the vocabulary from meta.pkl or
+    data.vocab_size; val.bin's halves are valid and test; data.tokenizer becomes tokens."""
+    from autoln.config import load_config
+
+    rng = np.random.default_rng(0)
+    train, val = rng.integers(0, 65, 5000), rng.integers(0, 65, 1000)
+    folder = _token_folder(tmp_path, train, val, {"vocab_size": 65, "itos": {i: chr(32 + i) for i in range(65)}})
+    cfg = load_config(None, [f"data.corpus={folder}"])
+    assert cfg.data.tokenizer == "tokens"
+    c = load_corpus(cfg.data)
+    assert c.vocab_size == 65 and c.vocab[1] == "!" and c.tokenizer == "tokens"
+    np.testing.assert_array_equal(c.splits["train"], train)
+    np.testing.assert_array_equal(np.concatenate([c.splits["valid"], c.splits["test"]]), val)
+    assert len(c.splits["valid"]) == 500 and c.bytes_per_token == {}
+    assert metrics_from_loss(1.0, "tokens") == {"loss": 1.0, "perplexity": pytest.approx(np.e)}
+    (folder / "meta.pkl").unlink()
+    assert load_corpus(DataConfig(corpus=str(folder), tokenizer="tokens", vocab_size=100)).vocab_size == 100
+
+
+@pytest.mark.parametrize("case, message", [
+    ("odd", "train.bin: 10001 bytes is not a whole, non-zero number of uint16 tokens"),
+    ("outside", "val.bin: token id 70 at position 3 is outside the vocabulary of 65"),
+    ("no-vocab", "the vocabulary size is unknown; set data.vocab_size"),
+    ("bad-meta", "meta.pkl: not a readable nanoGPT meta.pkl"),
+    ("text-tokenizer", "data.tokenizer must be tokens, not chars"),
+])
+def test_bad_token_files_are_refused_in_one_line_naming_the_file(tmp_path, case, message):
+    meta = None if case == "no-vocab" else {"vocab_size": 65}
+    val = [1, 2, 3, 70, 4] if case == "outside" else [1, 2, 3, 4]
+    folder = _token_folder(tmp_path, np.arange(5000) % 65, val, meta)
+    if case == "odd":
+        (folder / "train.bin").write_bytes(b"\x00" * 10001)
+    if case == "bad-meta":
+        (folder / "meta.pkl").write_bytes(b"not a pickle")
+    with pytest.raises(DataError) as err:
+        load_corpus(DataConfig(corpus=str(folder), tokenizer="chars" if case == "text-tokenizer" else "tokens"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bpe_is_trained_on_train_cached_and_reported_in_bits_per_byte(tmp_path, cache_dir):
+    """A byte-level BPE of data.bpe_vocab_size tokens, trained on the training split; the
+    cache serves it back; bits per byte = nats per token / ln 2 / bytes per token; a user's
+    tokenizer.json gives the same ids; one that does not load is refused naming it."""
+    import math
+    from pathlib import Path
+
+    from .conftest import ROOT
+
+    text = tmp_path / "t.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    cfg = DataConfig(corpus=str(text), tokenizer="bpe", bpe_vocab_size=400, cache_dir=cache_dir)
+    c = load_corpus(cfg)
+    assert c.vocab_size == 400 and c.tokenizer == "bpe"
+    raw = text.read_bytes()
+    assert sum(len(a) for a in c.splits.values()) < 0.8 * len(raw)  # merges: fewer tokens than bytes
+    assert c.bytes_per_token["valid"] > 1.2
+    again = load_corpus(cfg)
+    assert isinstance(again.splits["train"], np.memmap) and again.bytes_per_token == pytest.approx(c.bytes_per_token)
+    np.testing.assert_array_equal(np.asarray(again.splits["valid"]), np.asarray(c.splits["valid"]))
+    m = metrics_from_loss(2.0, "bpe", c.bytes_per_token["valid"])
+    assert m["bits_per_byte"] == pytest.approx(2.0 / math.log(2) / c.bytes_per_token["valid"])
+    (trained,) = Path(cache_dir).glob("*/tokenizer.json")
+    mine = load_corpus(DataConfig(corpus=str(text), tokenizer="bpe", tokenizer_file=str(trained), cache_dir=str(tmp_path / "c2")))
+    np.testing.assert_array_equal(np.asarray(mine.splits["test"]), np.asarray(c.splits["test"]))
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{}")
+    with pytest.raises(DataError, match=f"data.tokenizer_file {broken}: not a loadable Hugging Face tokenizer.json"):
+        load_corpus(DataConfig(corpus=str(text), tokenizer="bpe", tokenizer_file=str(broken), cache_dir=str(tmp_path / "c3")))
+
+
+@pytest.mark.parametrize("kind", ["tokens", "bpe"])
+def test_a_retrain_runs_on_token_files_and_on_bpe(tmp_path, kind):
+    """End to end: token files report perplexity (bytes unknown), BPE bits per byte."""
+    from autoln.config import load_config
+    from autoln.run_retrain import run_retrain
+
+    from .conftest import ROOT
+
+    if kind == "tokens":
+        corpus = _token_folder(tmp_path, np.arange(20000) % 97, np.arange(4000) % 97, {"vocab_size": 97})
+        sets = []
+    else:
+        corpus = tmp_path / "t.txt"
+        corpus.write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+        sets = ["data.tokenizer=bpe", "data.bpe_vocab_size=300"]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.corpus={corpus}", f"data.cache_dir={tmp_path / 'c'}", *sets,
+                                                       "retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2",
+                                                       "retrain.final_eval_windows=4", "logging.progress=false", "logging.tensorboard=false"])
+    result = run_retrain(cfg, "all-post", tmp_path / "run")
+    assert ("bits_per_byte" in result.valid) == (kind == "bpe") and result.valid["perplexity"] > 1
+    assert result.model.tok_emb.weight.shape[0] == (97 if kind == "tokens" else 300)
