@@ -16,6 +16,12 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | ``naive_weight`` | the weight step of a supernet that calls each branch once per candidate |
 | ``naive_order1`` | a first-order iteration of that naive supernet |
 | ``wide_weight`` | the weight step of the supernet over all seven placements (:data:`WIDE`: three branch inputs per site) |
+| ``example_derived`` | a training step of ``examples/gpt.py`` (a nanoGPT-style model autoln did not write), Pre-LN |
+| ``example_weight`` | the weight step of that model searched through the public API (``autoln.SearchModel``, ``model.candidates`` at every site) |
+
+The two ``example_`` variants measure the public API's cost on a user's model: their ratio
+``example_weight / example_derived`` is printed beside ``supernet_weight / derived`` and should be
+within 10 % of it (the same supernet floor, reached through ``autoln.Site`` in someone else's block).
 
 For ``wide_weight`` the FLOP floor is printed beside its time ratio: its FLOPs per step over the
 derived model's, the cost it cannot go below when every distinct branch input costs one call.
@@ -69,7 +75,8 @@ from autoln.model import build_derived
 from autoln.supernet import Supernet
 from autoln.training import prepare_model, resolve_device, train_step, weight_optimizer
 
-VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight")
+VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight",
+            "example_derived", "example_weight")
 #: The widened candidate list of ``wide_weight``: every registered placement.
 WIDE = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
 SCALING_VARIANTS = ("derived", "supernet_weight", "search_order1")
@@ -112,6 +119,9 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
     base = Supernet(mc, vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing)
     runners: dict[str, Runner] = {}
     for name in names:
+        if name.startswith("example_"):
+            runners[name] = example_runner(cfg, vocab_size, batches, device, name == "example_weight")
+            continue
         if name == "derived":
             model = prepare_model(build_derived(mc, vocab_size, [(mc.candidates[0],) * 2] * mc.n_layers), device, sc)
             opt, sched = weight_optimizer(list(model.named_parameters()), sc)
@@ -139,6 +149,38 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
             weight_step(model, opt, sched, *batch_w, sc.grad_clip)
         runners[name] = Runner(step, [model, opt] + ([arch.optimizer] if arch else []))
     return runners
+
+
+def example_runner(cfg: Config, vocab_size: int, batches: list, device: torch.device, searched: bool) -> Runner:
+    """``examples/gpt.py`` at ``cfg``'s size (``n_embd = d_model``, its MLP 4x wide): a Pre-LN
+    training step, or (``searched``) the weight step of its supernet over ``model.candidates``
+    through :class:`autoln.api.SearchModel`."""
+    import importlib.util
+
+    from autoln.api import SearchModel
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
+    spec = importlib.util.spec_from_file_location("example_gpt", path)
+    gpt = importlib.util.module_from_spec(spec)
+    sys.modules["example_gpt"] = gpt
+    spec.loader.exec_module(gpt)
+    mc, sc = cfg.model, cfg.search
+    torch.manual_seed(sc.seed)
+    conf = gpt.GPTConfig(block_size=mc.context, vocab_size=vocab_size, n_layer=mc.n_layers, n_head=mc.n_heads, n_embd=mc.d_model,
+                         norm_candidates=tuple(mc.candidates) if searched else (mc.candidates[0],))
+    model = gpt.GPT(conf).to(device)
+    if not searched:
+        opt, sched = weight_optimizer(list(model.named_parameters()), sc)
+
+        def step(i, model=model, opt=opt, sched=sched):
+            train_step(model, opt, sched, *batches[i % POOL][0], sc.grad_clip)
+        return Runner(step, [model, opt])
+    net = SearchModel(model, tau=sc.tau_start, mixing=sc.mixing)
+    opt, sched = weight_optimizer(net.named_weight_parameters(), sc)
+
+    def step(i, net=net, opt=opt, sched=sched):
+        weight_step(net, opt, sched, *batches[i % POOL][0], sc.grad_clip)
+    return Runner(step, [net, opt])
 
 
 def sync(device: torch.device) -> None:
@@ -307,6 +349,13 @@ def print_result(res: dict) -> None:
     if {"search_order1", "search_order2"} <= set(res["variants"]):
         v = res["variants"]
         print(f"order 2 / order 1 iteration: {v['search_order2']['ms_per_step'] / v['search_order1']['ms_per_step']:.2f}")
+    if {"example_derived", "example_weight", "supernet_weight"} <= set(res["variants"]):
+        v = res["variants"]
+        example = v["example_weight"]["ms_per_step_best"] / v["example_derived"]["ms_per_step_best"]
+        own = v["supernet_weight"]["time_ratio"]
+        gap = example / own - 1
+        print(f"public API on examples/gpt.py: supernet weight step {example:.2f}x its derived model, autoln's own "
+              f"{own:.2f}x ({gap:+.1%}): {'within' if abs(gap) <= 0.10 else 'OUTSIDE'} 10 %")
 
 
 def scaling(cfg: Config, rounds: int, warmup: int) -> list[dict]:

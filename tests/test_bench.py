@@ -68,3 +68,20 @@ def test_cpu_allocator_keeps_freed_memory_on_glibc():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     assert keep_cpu_memory() is True
+
+
+def test_the_example_variants_train_the_example_model_through_the_public_api(tmp_path):
+    """``example_weight`` is the weight step of examples/gpt.py searched through
+    autoln.SearchModel (its alphas untouched, its weights moved); ``example_derived`` its Pre-LN."""
+    from autoln.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"data.cache_dir={tmp_path}"])
+    x = torch.randint(0, 256, (2, cfg.model.context))
+    batches = [((x, x), (x, x))] * bench.POOL
+    for searched in (False, True):
+        runner = bench.example_runner(cfg, 256, batches, torch.device("cpu"), searched)
+        model = runner.tracked[0]
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        runner.step(0)
+        moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+        assert moved and ("alphas" in model.state_dict()) == searched and "alphas" not in moved
