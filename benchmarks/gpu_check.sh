@@ -24,13 +24,13 @@ VARIANTS=derived,supernet_weight,search_order1
 if [ "${1:-}" = "--dry" ]; then
   echo "gpu_check: dry mode (CPU, tiny size)"
   bench=(--config configs/tiny.yaml --set search.device=cpu --rounds 2 --warmup 1)
-  search=(--config configs/tiny.yaml --set search.device=cpu --set search.steps=4 --set search.arch_warmup_steps=0 --set search.eval_every=4 --set search.compile=false)
+  search=(--config configs/tiny.yaml --set search.device=cpu --set search.steps=4 --set search.warmup_steps=1 --set search.arch_warmup_steps=0 --set search.eval_every=4 --set search.compile=false)
 elif [ -n "${1:-}" ]; then
   echo "usage: bash benchmarks/gpu_check.sh [--dry]" >&2; exit 2
 else
   "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device; use --dry to check the script on CPU')"
   bench=(--config configs/gpu.yaml --set search.device=cuda --rounds 10 --warmup 3)
-  search=(--config configs/gpu.yaml --set search.device=cuda --set search.steps=40 --set search.arch_warmup_steps=8 --set search.eval_every=40 --set search.eval_windows=64)
+  search=(--config configs/gpu.yaml --set search.device=cuda --set search.steps=40 --set search.warmup_steps=4 --set search.arch_warmup_steps=8 --set search.eval_every=40 --set search.eval_windows=64)
 fi
 mkdir -p "$OUT"
 "$PY" -c "import torch; print('torch', torch.__version__, '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"

@@ -106,8 +106,9 @@ def test_retrain_reports_bits_per_byte(searched):
     assert f"bits_per_byte {m['valid']['bits_per_byte']:.4f}" in proc.stdout
     acc = event_tags(out)
     assert {"train/loss", "valid/bits_per_byte", "lr/weights"} <= set(acc.Tags()["scalars"])
-    # a retrain has no alphas: nothing lands in the search's alpha charts; its genotype is text
-    assert not [t for t in acc.Tags()["scalars"] if t.startswith("alpha/")] and not acc.Tags()["images"]
+    # a retrain has no alphas: nothing lands in the search's alpha charts (its one image is the
+    # diagnostics at initialisation against the block index); its genotype is text
+    assert not [t for t in acc.Tags()["scalars"] if t.startswith("alpha/")] and acc.Tags()["images"] == ["diag_init"]
     assert "genotype/text_summary" in acc.Tags()["tensors"] and not custom_scalar_charts(acc)
     # a finished run folder is refused without --overwrite, and left untouched
     before = (out / "metrics.json").read_bytes()

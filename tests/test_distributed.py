@@ -62,7 +62,7 @@ def test_two_processes_hold_identical_alphas_and_weights_and_write_once(tmp_path
 
 
 def test_torchrun_search_command_prints_once(tmp_path, cache_dir):
-    proc = torchrun(str(ROOT / "search.py"), "--config", TINY, "--set", "search.steps=4", "--set", "search.eval_every=4", "--set", "search.arch_warmup_steps=0",
+    proc = torchrun(str(ROOT / "search.py"), "--config", TINY, "--set", "search.steps=4", "--set", "search.warmup_steps=1", "--set", "search.eval_every=4", "--set", "search.arch_warmup_steps=0",
                     "--set", "logging.progress=false", "--out", str(tmp_path / "run"), cache=cache_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("genotype:") == 1 and "2 processes" in proc.stderr
