@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ from .io import read_json, save_figure_atomic, write_json_atomic, write_text_ato
 from .training import check_out_dir
 
 TABLE = "compare.csv"
+#: The caution a one-seed comparison carries (its table and the command's output).
+ONE_SEED = ("**One seed per genotype: this ranking is a look, not a result.** Differences between placements at this "
+            "size are often within the seed-to-seed spread; compare with --seeds 3 (mean ± std) before drawing a conclusion.")
 #: What a comparison folder was made with (specs and config); a re-run must match it.
 RECORD = "compare.json"
 
@@ -210,15 +214,24 @@ def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
                      f"valid_{headline}": mean_std(valid), f"test_{headline}": mean_std(test),
                      "diverged": len(e.runs) - len(done),
                      "wall_time_s": round(statistics.mean(r["wall_time_s"] for r in done), 1) if done else None,
-                     "_valid_mean": statistics.mean(valid) if valid else float("inf")})
+                     "_valid_mean": statistics.mean(valid) if valid else float("inf"),
+                     "_valid_std": statistics.stdev(valid) if len(valid) > 1 else 0.0})
+    seeds = len(entries[0].runs)
+    best = min(rows, key=lambda r: r["_valid_mean"])
+    for r in rows:  # a difference within one standard deviation (the larger of the two) is a tie
+        gap, sd = r["_valid_mean"] - best["_valid_mean"], max(r["_valid_std"], best["_valid_std"])
+        r["vs_best"] = ("best" if r is best else "-" if not math.isfinite(gap) else
+                        f"+{gap:.4f}" + (" (tie: within one std)" if seeds > 1 and gap <= sd else ""))
     cols = [c for c in rows[0] if not c.startswith("_")]
     csv = ",".join(cols) + "\n" + "\n".join(",".join(_csv_cell(r[c]) for c in cols) for r in rows) + "\n"
     ranked = sorted(rows, key=lambda r: r["_valid_mean"])
     md = (f"# Comparison at equal budget\n\n{cfg.retrain.steps} steps of batch {cfg.retrain.batch_size} x "
           f"{cfg.model.context} tokens, lr {cfg.retrain.lr} ({cfg.retrain.schedule}, {cfg.retrain.warmup_steps} warm-up steps), "
           f"seeds {cfg.retrain.seed}..{cfg.retrain.seed + len(entries[0].runs) - 1}; {headline} as mean ± std over the "
-          "seeds that did not diverge (lower is better), ranked by valid.\n\n"
-          "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+          "seeds that did not diverge (lower is better), ranked by valid; vs_best: the gap to the best valid mean, a tie "
+          "when within one standard deviation (the larger of the two).\n\n"
+          + (ONE_SEED + "\n\n" if seeds == 1 else "")
+          + "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
           + "\n".join("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in ranked) + "\n")
     files = [write_text_atomic(out / TABLE, csv), write_text_atomic(out / "compare.md", md)]
     fig = curves_figure(entries, headline)

@@ -775,12 +775,20 @@ def _assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
         raise ConfigError(f"key '{dotted}' ({where}) must have the form section.key")
     section, key = parts
     if section not in sections:
-        raise ConfigError(f"unknown section '{section}' ({where}); expected one of {sections}")
+        import difflib
+
+        close = difflib.get_close_matches(section, sections, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ConfigError(f"unknown section '{section}' ({where}); {hint}expected one of {sections}")
     obj = getattr(cfg, section)
     hints = typing.get_type_hints(type(obj))
     known = [f.name for f in dataclasses.fields(obj)]
     if key not in known:
-        raise ConfigError(f"unknown key '{dotted}' ({where}); keys of '{section}': {', '.join(known)}")
+        import difflib
+
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean '{section}.{close[0]}'? " if close else ""
+        raise ConfigError(f"unknown key '{dotted}' ({where}); {hint}keys of '{section}': {', '.join(known)}")
     setattr(obj, key, _coerce(value, hints[key], dotted, where))
 
 

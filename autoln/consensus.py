@@ -95,8 +95,24 @@ def votes_markdown(c: Consensus, seeds: list[int]) -> str:
             f"{c.agreement:.0%} of sites (all seeds chose the same placement).\n\n"
             "| site | " + " | ".join(c.candidates) + " | agree | majority |\n|---|" + "---|" * (len(c.candidates) + 2) + "\n")
     rows = [f"| {site} | " + " | ".join(str(int(v)) for v in c.votes[i]) + f" | {'yes' if c.votes[i].max() == len(seeds) else 'no'} | "
-            f"**{c.candidates[c.choices[i]]}** |" for i, site in enumerate(c.sites)]
+            f"{majority_cell(c, i)} |" for i, site in enumerate(c.sites)]
     return head + "\n".join(rows) + "\n"
+
+
+def tied(c: Consensus, site: int) -> list[int]:
+    """The candidates sharing the most votes at ``site`` (one index when there is a majority)."""
+    return [int(k) for k in np.flatnonzero(c.votes[site] == c.votes[site].max())]
+
+
+def majority_cell(c: Consensus, site: int) -> str:
+    """The vote table's last cell: the majority, or for a tie the placement that broke it and by
+    what (the larger mean probability over the seeds)."""
+    name = f"**{c.candidates[c.choices[site]]}**"
+    ties = tied(c, site)
+    if len(ties) == 1:
+        return name
+    probs = ", ".join(f"{c.candidates[k]} {c.probabilities[site][k]:.3f}" for k in ties)
+    return f"{name} (a {'-'.join(str(int(c.votes[site].max())) for _ in ties)} tie, broken by the larger mean probability: {probs})"
 
 
 def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int], folders: list[Path]) -> Genotype:

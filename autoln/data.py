@@ -170,13 +170,29 @@ def read_hf(name: str) -> tuple[dict[str, bytes], dict[str, str]]:
     return out, {s: f"{repo} {config} ({HF_SPLITS[s]})" for s in SPLITS}
 
 
+def looks_like_text(blob: bytes, sample: int = 1 << 16) -> bool:
+    """True when the first ``sample`` bytes of ``blob`` look like text: no NUL byte and at most
+    5 % control bytes other than tab, newline and carriage return (the test of ``file`` and
+    git's binary detection, loosened for odd text)."""
+    head = blob[:sample]
+    if b"\x00" in head:
+        return False
+    control = sum(1 for b in head if b < 32 and b not in (9, 10, 13)) + head.count(127)
+    return control <= 0.05 * max(1, len(head))
+
+
 def _read(path: Path) -> bytes:
+    import sys
+
     try:
         blob = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read corpus file {path}: {exc.strerror or exc}") from None
     if not blob.strip():
         raise DataError(f"corpus file {path} is empty")
+    if not looks_like_text(blob):
+        print(f"warning: corpus file {path} does not look like text (NUL or control bytes): it is read as bytes all the same, "
+              "but a language model of a binary file says little about where a Transformer's norms should go", file=sys.stderr)
     return blob
 
 

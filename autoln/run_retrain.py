@@ -279,9 +279,10 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
                 on_eval(step, state["valid_metrics"])
             if show:
                 shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
-                bar.set_postfix_str(f"train loss {loss_v:.3f} nats/token, valid {shown} ({len(valid_starts)} windows)")
+                train_shown = f"{metrics_from_loss(loss_v, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
+                bar.set_postfix_str(f"train {train_shown}, valid {shown} ({len(valid_starts)} windows)")
                 if evaluation:
-                    progress_line(show, f"retrain step {step}/{rc.steps}: train loss {loss_v:.3f} nats/token, valid {shown} "
+                    progress_line(show, f"retrain step {step}/{rc.steps}: train {train_shown}, valid {shown} "
                                         f"({len(valid_starts)} windows)")
     except BaseException:
         bar.close()

@@ -320,9 +320,11 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
                 names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
                 arch = f"argmax [{' '.join(names)}]" if alpha_step else f"alphas frozen until step {sc.arch_warmup_steps + 1}"
                 shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
-                bar.set_postfix_str(f"train loss {loss_w:.3f} nats/token, supernet valid {shown}, {arch}")
+                # one unit for both: the training loss in the headline unit too (bits per byte for bytes)
+                train_shown = f"{metrics_from_loss(loss_w, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
+                bar.set_postfix_str(f"train {train_shown}, supernet valid {shown}, {arch}")
                 if evaluation:
-                    progress_line(show, f"search step {step}/{sc.steps}: train loss {loss_w:.3f} nats/token, supernet valid {shown}, {arch}")
+                    progress_line(show, f"search step {step}/{sc.steps}: train {train_shown}, supernet valid {shown}, {arch}")
     except BaseException:
         bar.close()
         log.close()

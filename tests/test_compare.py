@@ -206,3 +206,24 @@ def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(
     (out / "compare.json").write_text("")
     with pytest.raises(ConfigError, match="compare.json is damaged"):
         run_compare(cfg, [], ["all-pre"], 1, out)
+
+
+def test_a_one_seed_comparison_says_it_is_a_look_and_ties_are_marked(tmp_path):
+    from autoln.compare import ONE_SEED, Entry, write_report
+    from autoln.config import load_config
+
+    cfg = load_config(TINY, ["logging.tensorboard=false"])
+
+    def run(v: float) -> dict:
+        return {"valid": {"bits_per_byte": v}, "test": {"bits_per_byte": v}, "wall_time_s": 1.0, "history": [{"step": 1, "bits_per_byte": v}]}
+
+    one = [Entry("a", "a", "pre", [run(2.000)]), Entry("b", "b", "post", [run(2.008)])]
+    write_report(one, tmp_path, cfg)
+    md = (tmp_path / "compare.md").read_text()
+    assert ONE_SEED in md and "| +0.0080 |" in md and "tie" not in md.split(ONE_SEED)[1]
+    three = [Entry("a", "a", "pre", [run(2.00), run(2.02), run(2.04)]),      # mean 2.02, std 0.02
+             Entry("b", "b", "post", [run(2.03), run(2.04), run(2.05)]),     # +0.02: a tie
+             Entry("c", "c", "deepnorm", [run(2.10), run(2.11), run(2.12)])]  # +0.09: not
+    write_report(three, tmp_path, cfg)
+    md = (tmp_path / "compare.md").read_text()
+    assert ONE_SEED not in md and "| best |" in md and "+0.0200 (tie: within one std)" in md and "| +0.0900 |" in md

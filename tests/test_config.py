@@ -183,3 +183,10 @@ def test_fixed_affine_fixes_every_norm_of_a_named_baseline():
         model = build_derived(g.model_config(mc), 256, g.block_placements())
         assert not [n for n, _ in model.named_parameters() if "norm" in n], name
     assert baseline("mix-ln", mc, 256).describe() == "post:fixed pre:fixed pre:fixed pre:fixed"
+
+
+def test_an_unknown_key_suggests_the_nearest_one():
+    with pytest.raises(ConfigError, match=r"unknown key 'search.step' \(--set\); did you mean 'search.steps'\?"):
+        load_config(None, ["search.step=10"])
+    with pytest.raises(ConfigError, match=r"unknown section 'serch' \(--set\); did you mean 'search'\?"):
+        load_config(None, ["serch.steps=10"])

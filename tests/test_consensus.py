@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig
-from autoln.consensus import vote
+from autoln.consensus import vote, votes_markdown
 from autoln.errors import ConfigError
 from autoln.genotype import Genotype, from_probabilities
 
@@ -35,6 +35,12 @@ def test_vote_majority_agreement_and_tie_break():
     assert [v.candidates[k] for k in v.choices] == ["pre", "post", "post"]
     np.testing.assert_allclose(v.probabilities[1], [0.2, 0.5, 0.3])
     assert vote([a, a]).agreement == 1.0
+    # the table says when a tie was broken, and by what; a majority is just the majority
+    rows = votes_markdown(v, [0, 1, 2]).splitlines()[-3:]
+    assert rows[0].endswith("| yes | **pre** |") and rows[1].endswith("| no | **post** |")
+    assert rows[2].endswith("| no | **post** (a 1-1-1 tie, broken by the larger mean probability: pre 0.300, post 0.383, deepnorm 0.317) |")
+    two = vote([a, b])  # block1: post vs deepnorm, one vote each
+    assert "**post** (a 1-1 tie, broken by the larger mean probability: post 0.450, deepnorm 0.400)" in votes_markdown(two, [0, 1])
 
 
 def test_vote_refuses_mixed_search_spaces():

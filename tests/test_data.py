@@ -314,3 +314,16 @@ def test_a_retrain_runs_on_token_files_and_on_bpe(tmp_path, kind):
     result = run_retrain(cfg, "all-post", tmp_path / "run")
     assert ("bits_per_byte" in result.valid) == (kind == "bpe") and result.valid["perplexity"] > 1
     assert result.model.tok_emb.weight.shape[0] == (97 if kind == "tokens" else 300)
+
+
+def test_a_binary_file_taken_as_a_corpus_gets_a_warning(tmp_path, cache_dir, capsys):
+    from .conftest import ROOT
+
+    binary = tmp_path / "lib.so"
+    binary.write_bytes(bytes(range(256)) * 400)
+    load_corpus(DataConfig(corpus=str(binary), cache_dir=cache_dir))
+    assert "does not look like text" in capsys.readouterr().err
+    text = tmp_path / "t.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    load_corpus(DataConfig(corpus=str(text), cache_dir=cache_dir))
+    assert "does not look like text" not in capsys.readouterr().err
