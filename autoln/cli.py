@@ -199,6 +199,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
             _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
         _print_sites(result.genotype)
         print("next: " + command_line("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
+        print("      " + tensorboard_line(result.path.parent) + "   # this search's alphas and curves (alphas.png in the folder too)")
 
     return guarded(body)
 
@@ -322,11 +323,21 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
         genotype = () if is_baseline(spec) else ("--genotype", spec)
+        runs = 3 * (len(DEFAULT_BASELINES.split(",")) + (0 if is_baseline(spec) else 1))
         print("next: " + command_line("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
-              + "   # against the named baselines, 3 seeds each (27+ retrains: about 1 h on 2 idle cores)")
-        print("      " + tensorboard_line(Path(out).parent))
+              + f"   # against the named baselines, 3 seeds each ({runs} retrains: {compare_time(result, cfg, runs)})")
+        print("      " + tensorboard_line(Path(out)) + "   # this run's curves (one run per --logdir keeps others off its charts)")
 
     return guarded(body)
+
+
+def compare_time(result, cfg, runs: int) -> str:
+    """``about N min on 2 idle cores``: ``runs`` retrains like ``result``'s, estimated from the
+    config's own size (:func:`autoln.resources.retrain_seconds`)."""
+    from .resources import retrain_seconds
+
+    seconds = runs * retrain_seconds(result.model.cfg, result.model.vocab_size, cfg.retrain)
+    return f"about {seconds / 3600:.1f} h on 2 idle cores" if seconds > 5400 else f"about {max(1, round(seconds / 60))} min on 2 idle cores"
 
 
 def _compare(cfg, args) -> None:

@@ -93,6 +93,26 @@ def step_flops(mc: ModelConfig, vocab_size: int, batch_rows: int, supernet: bool
     return 3 * per_token * batch_rows * T * (2 if supernet else 1)
 
 
+#: Seconds each run spends outside its steps on the default machine (building the model, opening
+#: the cached corpus, checkpoints, the event file): what dominates a tiny run.
+RUN_OVERHEAD_SECONDS = 1.5
+
+
+def retrain_seconds(mc: ModelConfig, vocab_size: int, rc) -> float:
+    """Estimated wall seconds of one retrain of ``mc``'s size with the settings ``rc``
+    (:class:`autoln.config.RetrainConfig`) on 2 idle CPU cores: ``rc.steps`` training steps at
+    :data:`DEFAULT_STEP_SECONDS` scaled by :func:`step_flops` against the default config's,
+    the evaluations (every ``eval_every`` steps on ``eval_windows`` windows, then the final one
+    on ``final_eval_windows`` of valid and of test; a forward pass is a third of a step) and
+    :data:`RUN_OVERHEAD_SECONDS`. The default retrain gives about 115 s (measured: 114 s)."""
+    from .config import ModelConfig as Default
+
+    default = Default()
+    per_row = DEFAULT_STEP_SECONDS[False] / step_flops(default, vocab_size, 16, False) * step_flops(mc, vocab_size, 1, False)
+    evals = (rc.steps // rc.eval_every) * rc.eval_windows + 2 * (rc.final_eval_windows or 2048)
+    return rc.steps * rc.batch_size * per_row + evals * per_row / 3 + RUN_OVERHEAD_SECONDS
+
+
 def free_memory(device: torch.device) -> Optional[int]:
     """Bytes free for this process on ``device``: CUDA's ``mem_get_info``; on CPU the kernel's
     ``MemAvailable`` (Linux ``/proc/meminfo``), else physical pages available (``sysconf``);

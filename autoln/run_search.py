@@ -30,7 +30,7 @@ from .monitor import DELTA, RATIO, WINDOW, CollapseMonitor
 from .resources import check_fits
 from .selection import LossFn, ScoreSelection, Selection, clear_winner, perturbation_select, score_select
 from .supernet import Supernet
-from .tb import Logger
+from .tb import Logger, write_alpha_pictures
 from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, progress_bar, progress_line,
                        resolve_device, seed_everything, utc_now, weight_optimizer)
 
@@ -234,7 +234,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             prepare_out_dir(out, overwrite or resume)
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
     distributed.barrier()
-    state = {"valid_metrics": {}, "record": {}, "stopped_at": None, "skipped_batches": 0, "wall_time_s": 0.0}
+    state = {"valid_metrics": {}, "record": {}, "stopped_at": None, "skipped_batches": 0, "wall_time_s": 0.0,
+             "alpha_history": []}  # (step, probabilities) as logged: alphas.png's curves
     start = 0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
@@ -254,6 +255,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
         log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
         log.text("data", corpus.describe())
         log.alphas(model.probabilities(), model.site_names, model.candidates, 0, image=True)
+        state["alpha_history"].append([0, model.probabilities().tolist()])
     headline = HEADLINE[cfg.data.tokenizer]
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
@@ -299,6 +301,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             evaluation = step % sc.eval_every == 0 or step == sc.steps
             if step % cfg.logging.log_every == 0 or evaluation:
                 log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
+                state["alpha_history"].append([step, model.probabilities().tolist()])
             if evaluation:
                 valid_metrics = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, sc.batch_size, device), cfg.data.tokenizer, bpt)
                 state["valid_metrics"] = valid_metrics
@@ -431,6 +434,9 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             "top": [{"placements": genotype_names(g, model.candidates, mc.granularity), "loss": round(v, 6)} for g, v in scored.top]})
     chosen = selection.choices if selection is not None else scored.choices if scored is not None else None
     genotype = from_probabilities(probs, mc, corpus.vocab_size, provenance, chosen)
+    if main:  # pictures a user can open without TensorBoard: the alphas' curves and the final heat map
+        history = [*state.get("alpha_history", []), [final_step, probs.tolist()]]
+        write_alpha_pictures(out, history, model.site_names, model.candidates, chosen, log, final_step)
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE
     distributed.barrier()
     log.text("genotype", f"final ({sc.selection}): `{genotype.describe()}`\n\n"

@@ -123,3 +123,61 @@ def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[s
     fig.colorbar(im, ax=ax, fraction=0.05)
     fig.tight_layout()
     return fig
+
+
+def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Sequence[str], chosen: Sequence[int]):
+    """The mixing probabilities over the search, one panel per site and one coloured line per
+    candidate (the same colour for a candidate in every panel, one legend), the chosen
+    placement's line drawn thick and named in the panel's title. ``history``: ``(step,
+    probabilities (n_sites, K))`` pairs in step order; ``chosen``: per site a candidate index."""
+    import math as _math
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    steps = [int(h[0]) for h in history]
+    probs = np.asarray([h[1] for h in history], dtype=np.float64)  # (T, n_sites, K)
+    cols = min(4, len(sites))
+    rows = _math.ceil(len(sites) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 1.9 * rows + 0.6), squeeze=False, sharex=True, sharey=True)
+    for i, site in enumerate(sites):
+        ax = axes.flat[i]
+        for k, cand in enumerate(candidates):
+            ax.plot(steps, probs[:, i, k], color=f"C{k}", lw=2.6 if chosen[i] == k else 1.1, label=cand)
+        ax.set_title(f"{site}: {candidates[chosen[i]]}", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(sites):]:
+        ax.set_visible(False)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=f"C{k}", lw=1.5) for k in range(len(candidates))]
+    fig.legend(handles, list(candidates), loc="upper center", ncol=len(candidates), fontsize=8, frameon=False,
+               title="mixing probability per site; thick line: the chosen placement", title_fontsize=8)
+    fig.supxlabel("step", fontsize=8)
+    fig.supylabel("probability", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (1.9 * rows + 0.6)))
+    return fig
+
+
+def write_alpha_pictures(out: Path, history: Sequence, sites: Sequence[str], candidates: Sequence[str],
+                         chosen: Optional[Sequence[int]], log: "Logger", step: int) -> list[Path]:
+    """Write ``alphas.png`` (:func:`alpha_curves_figure`) and ``alphas_heatmap.png`` (the final
+    probabilities, :func:`alpha_figure`, chosen cells boxed) into the search folder ``out``,
+    atomically, and the curves to TensorBoard's Images tab (``alpha_curves`` at ``step``).
+    ``chosen`` None: the argmax of the last probabilities. Returns the two paths."""
+    import matplotlib.pyplot as plt
+
+    from .io import save_figure_atomic
+
+    final = np.asarray(history[-1][1], dtype=np.float64)
+    chosen = [int(k) for k in (final.argmax(-1) if chosen is None else chosen)]
+    curves = alpha_curves_figure(history, sites, candidates, chosen)
+    heat = alpha_figure(final, sites, candidates, title=f"step {step}", chosen=chosen)
+    paths = [save_figure_atomic(curves, Path(out) / "alphas.png"), save_figure_atomic(heat, Path(out) / "alphas_heatmap.png")]
+    log.figure("alpha_curves", curves, step)
+    plt.close(curves)
+    plt.close(heat)
+    return paths

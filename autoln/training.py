@@ -205,7 +205,7 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Files a run writes in its folder (besides TensorBoard event files).
-RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT_FILE, "config.yaml")
+RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT_FILE, "config.yaml", "alphas.png", "alphas_heatmap.png")
 
 
 #: Files that mark a folder as a tuning study's (``search.py --tune``).

@@ -94,6 +94,9 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert steps[-1] == end and [e.step for e in acc.Images("alphas")][-1] == end
     assert acc.Scalars("valid_selected/bits_per_byte")[-1].step == end == acc.Scalars("selection/block0/pre")[-1].step
     assert acc.Tensors("genotype/text_summary")[-1].step == end == acc.Tensors("selection/text_summary")[-1].step
+    # pictures in the run folder, and the curves in the Images tab
+    assert (out / "alphas.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / "alphas_heatmap.png").stat().st_size > 1000
+    assert [e.step for e in acc.Images("alpha_curves")] == [end]
 
 
 def test_retrain_reports_bits_per_byte(searched):

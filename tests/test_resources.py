@@ -131,3 +131,16 @@ def test_a_run_near_the_free_memory_gets_a_warning(capsys):
     assert err.startswith("warning: the supernet needs at least") and "search.batch_size" in err and "model.context (128)" in err
     check_fits(ModelConfig(), 256, 16, torch.device("cpu"), True, "search", free=int(est.total / 0.4))
     assert capsys.readouterr().err == ""
+
+
+def test_the_retrain_time_estimate_follows_the_config_s_size():
+    """retrain_seconds against the README's measured times: the default retrain 114 s on 2 idle
+    cores (within 10 %), and the tiny --compare of 10 genotypes x 3 seeds, measured at 62 s,
+    within 3x (the estimate the next: line prints after a tiny retrain)."""
+    from autoln.config import load_config
+    from autoln.resources import retrain_seconds
+
+    default = load_config(None)
+    assert retrain_seconds(default.model, 256, default.retrain) == pytest.approx(114, rel=0.1)
+    tiny = load_config(ROOT / "configs" / "tiny.yaml")
+    assert 62 / 3 <= 30 * retrain_seconds(tiny.model, 256, tiny.retrain) <= 62 * 3
