@@ -191,7 +191,8 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if not distributed.is_main():
             return
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
-        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}\n"
+        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])} "
+              f"(an estimate on search.eval_windows={cfg.search.eval_windows} windows)\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
         selection = result.genotype.provenance["selection"]
@@ -317,8 +318,12 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
-        lines = [f"{split} ({m['windows']} windows): " + ", ".join(f"{k} {number(v)}" + (" nats/token" if k == "loss" else "")
-                                                             for k, v in m.items() if k != "windows")
+        def shown(m: dict, k: str) -> str:
+            se = f" ± {number(m[k + '_stderr'])}" if k + "_stderr" in m else ""
+            return f"{k} {number(m[k])}{se}" + (" nats/token" if k == "loss" else "")
+
+        lines = [f"{split} ({m['windows']} windows, ± one standard error over windows): "
+                 + ", ".join(shown(m, k) for k in m if k != "windows" and not k.endswith("_stderr"))
                  for split, m in (("valid", result.valid), ("test", result.test))]
         print("\n".join(lines) + f"\nwrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)

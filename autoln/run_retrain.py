@@ -42,6 +42,17 @@ METRICS_FILE = "metrics.json"
 DIAG_WINDOWS = 8
 
 
+def with_stderr(metrics: dict, se_nats: float, loss_nats: float, windows: int) -> dict:
+    """``metrics`` (of :func:`autoln.data.metrics_from_loss`) with ``windows`` and the standard
+    error over windows of the loss (``loss_stderr``, nats per token) and of each metric that is
+    a fixed multiple of it (``<bits metric>_stderr``; perplexity is not, and has none)."""
+    out = {**metrics, "windows": int(windows), "loss_stderr": se_nats}
+    for key in ("bits_per_byte", "bits_per_char"):
+        if key in metrics and loss_nats:
+            out[f"{key}_stderr"] = se_nats * metrics[key] / loss_nats
+    return out
+
+
 def log_diagnostics(log: Logger, diag: dict, step: int) -> None:
     """TensorBoard: ``diag/<name>/block<i>`` for each per-block diagnostic, ``diag/update_size``;
     at step 0 (initialisation) the per-block values are also drawn against the block index as
@@ -196,6 +207,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
     valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
+    final_valid_starts = eval_starts(len(valid), mc.context, rc.final_eval_windows)
 
     derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(derived, device, rc)
@@ -265,8 +277,14 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
                 log.scalar("lr/weights", sched.get_last_lr()[0], step)
             evaluation = step % rc.eval_every == 0 or step == rc.steps
             if evaluation:
-                state["valid_metrics"] = metrics_from_loss(evaluate(model, valid, valid_starts, mc.context, rc.batch_size, device),
-                                                           cfg.data.tokenizer, corpus.bytes_per_token.get("valid"))
+                # the last step is evaluated by the final protocol (final_eval_windows, with its standard
+                # error): the curve's last point is the final valid number
+                last = step == rc.steps
+                starts = final_valid_starts if last else valid_starts
+                progress = f"final valid ({len(starts)} windows)" if show and last else None
+                loss, se = evaluate(model, valid, starts, mc.context, rc.batch_size, device, progress=progress, stderr=True)
+                state["valid_metrics"] = with_stderr(metrics_from_loss(loss, cfg.data.tokenizer, corpus.bytes_per_token.get("valid")),
+                                                     se, loss, len(starts))
                 log.scalars(state["valid_metrics"], step, "valid")
                 state["history"].append({"step": step, **state["valid_metrics"]})
                 diag = snapshot(model, diag_x, reference=diag_ref)
@@ -280,10 +298,11 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
             if show:
                 shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
                 train_shown = f"{metrics_from_loss(loss_v, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
-                bar.set_postfix_str(f"train {train_shown}, valid {shown} ({len(valid_starts)} windows)")
+                windows = state["valid_metrics"].get("windows", len(valid_starts)) if state["valid_metrics"] else len(valid_starts)
+                bar.set_postfix_str(f"train {train_shown}, valid {shown} ({windows} windows)")
                 if evaluation:
                     progress_line(show, f"retrain step {step}/{rc.steps}: train {train_shown}, valid {shown} "
-                                        f"({len(valid_starts)} windows)")
+                                        f"({windows} windows)")
     except BaseException:
         bar.close()
         log.close()
@@ -291,19 +310,17 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     bar.close()
     history, diag_history, diag_init = state["history"], state["diag_history"], state["diag_init"]
 
-    final = {}
-    signals.when = "after this split of the final evaluation (the last step's checkpoint is on disk; --resume redoes it)"
-    distributed.print_main(f"final evaluation: {rc.final_eval_windows or 'all'} windows of valid and of test "
-                           f"(retrain.final_eval_windows; the evaluations during training use retrain.eval_windows={rc.eval_windows})",
-                           file=sys.stderr)
-    for split, tokens in (("valid", valid), ("test", test)):
-        starts = eval_starts(len(tokens), mc.context, rc.final_eval_windows)
-        # more windows than the evaluations during training (retrain.eval_windows): the final figure
-        progress = f"final {split} ({len(starts)} windows)" if show else None
-        final[split] = metrics_from_loss(evaluate(model, tokens, starts, mc.context, rc.batch_size, device, progress=progress),
-                                         cfg.data.tokenizer, corpus.bytes_per_token.get(split))
-        final[split]["windows"] = int(len(starts))
-        ckpts.stop_if_signalled(signals, device, f"during the final evaluation ({split} done; --resume redoes it)")
+    final = {"valid": state["valid_metrics"]}  # the last step's evaluation, on the final windows
+    signals.when = "after the final evaluation of test (the last step's checkpoint is on disk; --resume redoes it)"
+    distributed.print_main(f"final evaluation: {rc.final_eval_windows or 'all'} windows of valid (at the last step) and of test "
+                           f"(retrain.final_eval_windows; the evaluations before the last step use retrain.eval_windows="
+                           f"{rc.eval_windows}, an estimate)", file=sys.stderr)
+    starts = eval_starts(len(test), mc.context, rc.final_eval_windows)
+    progress = f"final test ({len(starts)} windows)" if show else None
+    loss, se = evaluate(model, test, starts, mc.context, rc.batch_size, device, progress=progress, stderr=True)
+    final["test"] = with_stderr(metrics_from_loss(loss, cfg.data.tokenizer, corpus.bytes_per_token.get("test")), se, loss, len(starts))
+    ckpts.stop_if_signalled(signals, device, "during the final evaluation (--resume redoes it)")
+    for split in ("valid", "test"):
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
     wall = state["wall_time_s"] + time.perf_counter() - session
     metrics = {

@@ -177,7 +177,7 @@ def progress_line(show: bool, text: str) -> None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
-             mix: Optional[torch.Tensor] = None, progress: Optional[str] = None) -> float:
+             mix: Optional[torch.Tensor] = None, progress: Optional[str] = None, stderr: bool = False):
     """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
 
     ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's ``(n_layers, 2, K)``
@@ -185,21 +185,33 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
     Under ``torchrun`` each process evaluates every N-th window and the sums are added up, so
     every process returns the same mean. ``progress``: a tqdm bar with that description (batches,
     rate and time left), on the main process.
+
+    With ``stderr`` it returns ``(mean, standard error)``: the standard error of the mean over
+    windows, ``std(window means) / sqrt(n_windows)`` (windows of equal length; 0 for one window),
+    from the logits' per-token cross-entropy.
     """
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    total, count, w_sum, w_sq, n_win = 0.0, 0, 0.0, 0.0, 0
     mine = starts[distributed.rank()::distributed.world_size()]
     batches = eval_batches(tokens, mine, context, batch_size)
     if progress is not None and distributed.is_main():
         batches = progress_bar(batches, show=True, desc=progress, total=math.ceil(len(mine) / batch_size), unit="batch", leave=False)
     for x, y in batches:
-        _, loss = model(x.to(device), y.to(device)) if mix is None else model(x.to(device), y.to(device), mix=mix)
+        x, y = x.to(device), y.to(device)
+        logits, loss = model(x, y) if mix is None else model(x, y, mix=mix)
         total += loss.item() * y.numel()
         count += y.numel()
+        if stderr:
+            per_window = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                           reduction="none").view(y.shape).mean(1).double()
+            w_sum, w_sq, n_win = w_sum + float(per_window.sum()), w_sq + float((per_window ** 2).sum()), n_win + len(per_window)
     model.train(was_training)
-    total, count = distributed.all_sum([total, count], device)
-    return total / count
+    total, count, w_sum, w_sq, n_win = distributed.all_sum([total, count, w_sum, w_sq, n_win], device)
+    if not stderr:
+        return total / count
+    var = max(0.0, (w_sq - w_sum ** 2 / n_win) / (n_win - 1)) if n_win > 1 else 0.0
+    return total / count, math.sqrt(var / n_win)
 
 
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import sys
 
 import pytest
@@ -158,5 +159,14 @@ def test_load_derived_gives_the_retrain_s_own_valid_loss(tmp_path):
     loss = evaluate(model, valid, eval_starts(len(valid), cfg.model.context, 8), cfg.model.context, cfg.retrain.batch_size,
                     torch.device("cpu"))
     assert loss == result.valid["loss"]
+    # one protocol for the valid split: the curve's last point is the final number, with its
+    # standard error over windows beside it (std of the per-window losses / sqrt(windows))
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["history"][-1] == {"step": 6, **m["valid"]} and m["valid"]["windows"] == 8
+    starts = eval_starts(len(valid), cfg.model.context, 8)
+    per_window = [evaluate(model, valid, starts[i:i + 1], cfg.model.context, 1, torch.device("cpu")) for i in range(8)]
+    se = float(torch.tensor(per_window, dtype=torch.float64).std() / 8 ** 0.5)
+    assert m["valid"]["loss_stderr"] == pytest.approx(se, rel=1e-4)
+    assert m["valid"]["bits_per_byte_stderr"] == pytest.approx(se / math.log(2), rel=1e-4)
     with pytest.raises(OutputError, match="no finished retrain"):
         autoln.load_derived(tmp_path)
