@@ -112,13 +112,13 @@ class ModelConfig:
     at the unigram distribution instead of the uniform one (the prior-probability init of the
     output bias, Lin et al. 2017 "Focal Loss", §3.3; Karpathy 2019 "A Recipe for Training
     Neural Networks", "init well"). ``none``: no bias (GPT-2/nanoGPT's head; Post-LN and
-    DeepNorm stacks then sit at the unigram plateau for hundreds of steps, see the README).
+    DeepNorm stacks then sit at the unigram plateau for hundreds of steps, see docs/search.md).
 
     ``residual_init``: how the residual branches start. ``scaled`` (default): the output
     projections (attention out, FFN second layer) times GPT-2's ``1/sqrt(2N)`` (Radford et
     al. 2019, §2.3), for every placement and in the supernet; DeepNorm's derived sites keep
     their own gain ``b``. ``unscaled``: plain ``xavier_normal_`` (the earlier start, under which
-    a 24-block supernet stays at the unigram plateau, see the README).
+    a 24-block supernet stays at the unigram plateau, see docs/search.md).
     """
 
     n_layers: int = 6
@@ -246,7 +246,7 @@ class SearchConfig(TrainConfig):
 
     - the architecture optimizer (Adam with DARTS' ``arch_betas`` (0.5, 0.999),
       ``arch_weight_decay`` 1e-3 and init ``arch_init_std * randn``; ``arch_lr`` 1e-2 instead of
-      DARTS' 3e-4, which was set for ~20k alpha steps, not the default's 400: see the README);
+      DARTS' 3e-4, which was set for ~20k alpha steps, not the default's 400: see docs/search.md);
     - ``order``: 1 (first-order) or 2 (second-order, DARTS' unrolled step, ``xi`` = current
       weight learning rate);
     - ``mixing``: ``softmax`` | ``gumbel`` | ``gumbel-hard`` | ``sigmoid`` (:mod:`autoln.mixing`),

@@ -242,7 +242,7 @@ class TransformerLM(nn.Module):
     embedding, with a bias when ``cfg.output_bias == "unigram"`` (zeros until
     :meth:`init_output_bias` sets it to the training split's log unigram frequencies).
 
-    Initialisation (docs/design.md §9, the README's *A fair start for every placement*):
+    Initialisation (docs/design.md §9, docs/search.md, *A fair start for every placement*):
     embeddings ``N(0, 0.02)``; every linear ``xavier_normal_`` (gain 1); then each branch
     starts as its site's placement says (:meth:`autoln.placements.Placement.init_branch`):
     with ``cfg.residual_init == "scaled"`` (the default) the output projections (attention

@@ -1,4 +1,4 @@
-"""How strongly does each model start amplify its first update? (the README's *A fair start*)
+"""How strongly does each model start amplify its first update? (docs/search.md, *A fair start*)
 
 For the supernet and every named baseline at 6 blocks (the default) and 24 blocks of width 64
 (``experiments/validate.py``'s ``deep``), under each ``model.residual_init`` (``unscaled``:

@@ -61,12 +61,26 @@ def test_every_design_citation_names_an_existing_section():
 
 
 def test_markdown_links_resolve_inside_the_repository():
+    """Every link of the README and the docs resolves to a file of the repository (a leading
+    ``/`` is the repository's root, as GitHub reads it)."""
     bad = []
-    for doc in (ROOT / "README.md", DESIGN):
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
             if re.match(r"https?://", target) or target.startswith("#"):
                 continue
-            path = (doc.parent / target.split("#")[0]).resolve()
+            base = ROOT if target.startswith("/") else doc.parent
+            path = (base / target.split("#")[0].lstrip("/")).resolve()
             if not path.exists() or ROOT.resolve() not in path.parents:
                 bad.append(f"{doc.name}: {target}")
     assert not bad, bad
+
+
+def test_the_configuration_reference_is_current_and_complete():
+    """docs/configuration.md is what the config dataclasses generate: every key with its default
+    and a meaning (a key added without one fails here)."""
+    from autoln.config_reference import reference_markdown
+
+    text = reference_markdown()  # raises KeyError for a key without a meaning
+    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == text, \
+        "docs/configuration.md is stale: run python -m autoln.config_reference --write docs/configuration.md"
+    assert "| `search.steps` | `500` |" in text and "| `retrain.steps` | `1000` |" in text and "| `model.residual_init` | `scaled` |" in text
