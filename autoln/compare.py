@@ -29,6 +29,7 @@ from pathlib import Path
 from .config import Config, with_defaults
 from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, Genotype, is_baseline
+from .locks import FolderLock
 from .io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
 from .training import check_out_dir
 
@@ -118,11 +119,9 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
 
     Raises:
         ConfigError: no genotype at all, ``seeds`` < 1, an unknown baseline.
-        GenotypeError, DataError, OutputError: as ``retrain.py``.
+        GenotypeError, DataError, OutputError: as ``retrain.py``; OutputError also when another
+            process holds ``out`` (:class:`autoln.locks.FolderLock`).
     """
-    from .run_retrain import METRICS_FILE, run_retrain
-    from .errors import DivergenceError
-
     if seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
     baselines = [*baselines, *(g for g in genotypes if is_baseline(g) and g not in baselines)]
@@ -140,6 +139,15 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     cfg = comparison_config(cfg, genotypes)
     out = Path(out)
     check_out_dir(out, overwrite=False)
+    with FolderLock(out, "comparison"):  # the comparison's folder is this process's until it ends
+        return _run_compare(cfg, specs, seeds, out, overwrite)
+
+
+def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool) -> list[Entry]:
+    """The body of :func:`run_compare`, under its folder's lock."""
+    from .errors import DivergenceError
+    from .run_retrain import METRICS_FILE, run_retrain
+
     record = {"specs": specs, "config": {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "retrain")}}
     record["config"]["retrain"].pop("device", None)
     record["config"]["retrain"].pop("seed", None)

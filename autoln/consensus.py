@@ -33,6 +33,7 @@ from .config import Config, with_defaults
 from .errors import ConfigError
 from .genotype import Genotype, nest_sites, site_rows
 from .io import write_text_atomic
+from .locks import FolderLock
 from .supernet import site_names
 from .training import CHECKPOINT_FILE, check_out_dir, prepare_out_dir, utc_now
 
@@ -197,13 +198,21 @@ def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, over
             ``overwrite`` (which removes the previous consensus and its seed folders first).
         ConfigError: a finished seed in ``out`` was searched with other settings.
         DataError, DivergenceError: from a seed's search (finished seeds are kept).
+        OutputError: another process holds ``out`` (:class:`autoln.locks.FolderLock`).
     """
-    from .tb import Logger
-
     if n_seeds < 2:
         raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {n_seeds}")
     if workers < 1:
         raise ConfigError(f"--workers must be a positive integer, got {workers}")
+    out = Path(out)
+    with FolderLock(out, "search --seeds"):  # the seeds' folder is this process's until it ends
+        return _run_seeds(cfg, n_seeds, out, workers, overwrite)
+
+
+def _run_seeds(cfg: Config, n_seeds: int, out: Path, workers: int, overwrite: bool) -> tuple[Consensus, Path]:
+    """The body of :func:`run_seeds`, under its folder's lock."""
+    from .tb import Logger
+
     out = check_out_dir(out, overwrite)  # refuses another run's folder, and a finished consensus without --overwrite
     seeds = [cfg.search.seed + i for i in range(n_seeds)]
     folders = [out / f"seed{s}" for s in seeds]

@@ -36,6 +36,7 @@ from .commands import pip_extra
 from .config import DataConfig
 from .errors import DataError
 from .io import save_numpy_atomic, write_text_atomic
+from .locks import build_lock
 
 SPLITS = ("train", "valid", "test")
 CACHE_VERSION = 1
@@ -417,6 +418,15 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         settings += [cfg.bpe_vocab_size, tokenizer_file]
     key = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:24]
     folder = _cache_root(cfg) / key
+    cached = _cached(folder, cfg, fingerprint, sources)
+    if cached is not None:
+        return cached
+    with build_lock(folder.parent / f"{key}.lock"):  # one process builds a new entry; the others wait, then read it
+        return _cached(folder, cfg, fingerprint, sources) or _build(raw, sources, folder, cfg, fingerprint)
+
+
+def _cached(folder: Path, cfg: DataConfig, fingerprint: str, sources: dict[str, str]) -> Optional[Corpus]:
+    """The cache entry in ``folder`` when it passes its checks (see :func:`load_corpus`), else None."""
     meta_path = folder / "meta.json"
     if meta_path.is_file():
         try:
@@ -430,6 +440,13 @@ def load_corpus(cfg: DataConfig) -> Corpus:
                               {k: float(v) for k, v in meta["bytes_per_token"].items()})
         except Exception:  # noqa: BLE001 - any damage (an empty .npy raises EOFError, a cut one ValueError...) rebuilds it
             pass
+    return None
+
+
+def _build(raw: dict[str, bytes], sources: dict[str, str], folder: Path, cfg: DataConfig, fingerprint: str) -> Corpus:
+    """Tokenise ``raw`` and write the cache entry ``folder`` (arrays first, ``meta.json`` last,
+    each atomically); an unwritable cache only disables caching."""
+    meta_path = folder / "meta.json"
     if cfg.tokenizer == "bpe":
         splits, vocab = encode_bpe(bpe_tokenizer(cfg, _decode({"train": raw["train"]}, sources)["train"], folder), raw, sources)
     else:

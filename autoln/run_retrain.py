@@ -28,6 +28,7 @@ from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_res
 from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
+from .locks import FolderLock
 from .model import build_derived
 from .run_search import EvalHook, genotype_markdown
 from .supernet import site_names
@@ -184,7 +185,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         ``retrain.batch_size`` is not divisible by the number of processes, or when resuming
         with a config that differs from the checkpoint's.
     """
-    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals:  # from the start: a second Ctrl-C in set-up stops at once
+    # from the start: a second Ctrl-C in set-up stops at once; the folder is this process's until it ends
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "retrain"):
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
 
 

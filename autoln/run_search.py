@@ -25,6 +25,7 @@ from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_res
 from .errors import ConfigError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
+from .locks import FolderLock
 from .mixing import linear
 from .monitor import DELTA, RATIO, WINDOW, CollapseMonitor
 from .resources import check_fits
@@ -188,7 +189,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         ConfigError: ``search.batch_size`` not divisible by the number of processes; with
             ``resume``, a config that differs from the checkpoint's (naming each key).
     """
-    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals:  # from the start: a second Ctrl-C in set-up stops at once
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "search"):  # from the start: a second Ctrl-C in set-up stops at once
         return _search(cfg, Path(out), overwrite, on_eval, resume, signals)
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
 
 #: Sample sizes by setting (the issue's minimum: 30 at 6 blocks, 20 at 24 blocks).
@@ -275,8 +276,11 @@ def main(argv=None) -> int:
             raise ConfigError(f"--top {args.top} is more than a setting's sample ({ {n: samples[n] for n in names} })")
         overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
         out = Path(args.out)
-        results = [run_setting(n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed,
-                               args.score_windows, out, baselines) for n in names]
+        results = []
+        for n in names:
+            with FolderLock(out / n, "ground_truth.py"):  # a setting's folder is this process's until it is done
+                results.append(run_setting(n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed,
+                                           args.score_windows, out, baselines))
         cmd = " ".join(argv if argv is not None else sys.argv[1:])
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
                   f"Command: `python experiments/ground_truth.py {cmd}`. Percentile: the share of the random sample "

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import read_json, write_json_atomic  # noqa: E402
 
 
@@ -181,8 +182,9 @@ def main(argv=None) -> int:
             raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
         overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
         for n in names:
-            r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,
-                            args.sample_seed, args.rank_windows, Path(args.out))
+            with FolderLock(Path(args.out) / n, "random_search.py"):  # a setting's folder is this process's until it is done
+                r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,
+                                args.sample_seed, args.rank_windows, Path(args.out))
             mean = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "") if r["mean"] is not None else "-"
             print(f"{n}: random search spent {r['spent_s']:.0f} of {r['budget_s']:.0f} s on {r['evaluated']} short retrains "
                   f"(rungs {r['rungs']} steps); best {r['placements']}: valid {r['headline']} {mean} over {len(r['valid'])} seeds")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import SETTINGS, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
 
 
@@ -98,7 +99,10 @@ def main(argv=None) -> int:
             raise ConfigError("--seeds must be at least 2 and --retrain-seeds positive")
         overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
         out = Path(args.out)
-        results = [run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out) for n in names]
+        results = []
+        for n in names:
+            with FolderLock(out / n, "stability.py"):  # a setting's folder is this process's until it is done
+                results.append(run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out))
         report = ("# Stability: the seeds' answers against their consensus\n\n"
                   f"Command: `python experiments/stability.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
                   + "\n".join(markdown(r) for r in results))

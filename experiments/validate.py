@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from autoln.cli import OneLineParser, guarded
+from autoln.locks import FolderLock
 from autoln.config import load_config
 from autoln.io import save_figure_atomic, write_text_atomic
 
@@ -171,7 +172,10 @@ def main(argv=None) -> int:
             raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
         overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
         out = Path(args.out)
-        results = [run_setting(name, overrides, args.config, args.seeds, out, args.overwrite) for name in names]
+        results = []
+        for name in names:
+            with FolderLock(out / name, "validate.py"):  # a setting's folder is this process's until it is done
+                results.append(run_setting(name, overrides, args.config, args.seeds, out, args.overwrite))
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
         report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "

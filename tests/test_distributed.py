@@ -67,7 +67,7 @@ def test_torchrun_search_command_prints_once(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("genotype:") == 1 and "2 processes" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith("events")) == \
-        ["checkpoint.pt", "config.yaml", "genotype.json"]
+        ["alphas.png", "alphas_heatmap.png", "checkpoint.pt", "config.yaml", "genotype.json"]
 
 
 @pytest.mark.parametrize("script,args", [("search.py", ["--tune"]), ("retrain.py", ["--compare"])])
