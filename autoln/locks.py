@@ -57,6 +57,11 @@ class FolderLock:
             return self
         if self.folder.exists() and not self.folder.is_dir():
             raise OutputError(f"--out {self.folder} exists and is not a folder")
+        ancestor = self.folder.absolute()
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise OutputError(f"--out {self.folder}: {ancestor} is a file, not a folder")
         self.created = not self.folder.exists()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import ConfigError, GenotypeError
+from .errors import ConfigError, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
 from .locks import FolderLock
@@ -186,6 +186,8 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         with a config that differs from the checkpoint's.
     """
     # from the start: a second Ctrl-C in set-up stops at once; the folder is this process's until it ends
+    if resume and not Path(out).is_dir():  # before the lock, which would create it
+        raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
     with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "retrain"):
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
 

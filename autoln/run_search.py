@@ -22,7 +22,7 @@ from .architect import Architect, weight_step
 from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
 from .locks import FolderLock
@@ -189,6 +189,8 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         ConfigError: ``search.batch_size`` not divisible by the number of processes; with
             ``resume``, a config that differs from the checkpoint's (naming each key).
     """
+    if resume and not Path(out).is_dir():  # before the lock, which would create it
+        raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
     with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "search"):  # from the start: a second Ctrl-C in set-up stops at once
         return _search(cfg, Path(out), overwrite, on_eval, resume, signals)
 

@@ -156,8 +156,9 @@ def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Seq
     handles = [Line2D([], [], color=f"C{k}", lw=1.5) for k in range(len(candidates))]
     fig.legend(handles, list(candidates), loc="upper center", ncol=len(candidates), fontsize=8, frameon=False,
                title="mixing probability per site; thick line: the chosen placement", title_fontsize=8)
-    fig.supxlabel("step", fontsize=8)
-    fig.supylabel("probability", fontsize=8)
+    fig.supxlabel("step (past search.steps: the selection's fine-tuning)", fontsize=8)
+    for row in range(rows):
+        axes[row][0].set_ylabel("probability", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (1.9 * rows + 0.6)))
     return fig
 

@@ -46,7 +46,7 @@ def test_overrides_and_types(tmp_path):
     (["model.d_model=0"], "model.d_model"),
     (["model.n_heads=5"], "model.d_model"),
     (["model.candidates=[pre, sandwichx]"], "model.candidates"),
-    (["data.tokenizer=bpe"], "data.tokenizer"),
+    (["data.tokenizer=bpe2"], "data.tokenizer"),
     (["search.lr=-1"], "search.lr"),
     (["search.steps"], "section.key=value"),
     (["data.arch_fraction=1.0"], "data.arch_fraction"),
