@@ -442,7 +442,9 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    """``tensorboard``: write event files in the run folder; ``progress``: show progress, as a
+    """``tensorboard``: write the run's pictures in its folder: TensorBoard event files and, for
+    a search, ``alphas.png`` and ``alphas_heatmap.png`` (off: neither, the quickest runs);
+    ``progress``: show progress, as a
     tqdm bar on a terminal and, when stderr is redirected to a file, as one line per evaluation
     (a bar there would add a line per redraw); ``false`` shows neither. ``log_every``: steps
     between training-loss scalars."""

@@ -93,7 +93,7 @@ HELP = {
     "tune.max_retry": "re-runs of a trial lost with a killed worker",
     "tune.space": "section.key: {log-uniform | uniform | int | categorical: ...}, the hyperparameters tuned",
     "checkpoint.every": "steps between checkpoints (also at each evaluation, the end, SIGINT and SIGTERM)",
-    "logging.tensorboard": "write TensorBoard event files in the run folder",
+    "logging.tensorboard": "write the run's pictures: TensorBoard event files and (a search) alphas.png and alphas_heatmap.png",
     "logging.progress": "a progress bar on a terminal, a line per evaluation in a redirected log",
     "logging.log_every": "steps between training-loss scalars",
 }

@@ -437,7 +437,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             "top": [{"placements": genotype_names(g, model.candidates, mc.granularity), "loss": round(v, 6)} for g, v in scored.top]})
     chosen = selection.choices if selection is not None else scored.choices if scored is not None else None
     genotype = from_probabilities(probs, mc, corpus.vocab_size, provenance, chosen)
-    if main:  # pictures a user can open without TensorBoard: the alphas' curves and the final heat map
+    if main and cfg.logging.tensorboard:  # pictures a user can open without TensorBoard: the alphas' curves and the heat map
         history = [*state.get("alpha_history", []), [final_step, probs.tolist()]]
         write_alpha_pictures(out, history, model.site_names, model.candidates, chosen, log, final_step)
     path = genotype.save(out / GENOTYPE_FILE) if main else out / GENOTYPE_FILE

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autoln import cli
 from autoln.genotype import Genotype
 
 from .conftest import ROOT, shared_path
@@ -245,17 +246,21 @@ def test_heat_map_boxes_the_chosen_placement_even_below_the_top_probability():
     assert sorted(t.get_text() for t in ax.texts if t.get_text().endswith("*")) == ["0.300*", "0.700*"]
 
 
-def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path):
-    """Off a terminal (stderr to a file or pipe) the progress bars would write a line per redraw
-    (tqdm#750): the search and the retrain write one line per evaluation instead."""
-    cache = str(tmp_path / "cache")
-    proc = run("search.py", "--config", TINY, "--set", "search.steps=20", "--set", "search.eval_every=10",
-               "--set", "search.arch_warmup_steps=4", "--set", "search.selection=argmax", "--set", "logging.tensorboard=false",
-               "--out", str(tmp_path / "s"), cache=cache, progress=True)
-    assert "\r" not in proc.stderr
-    assert [line.split(":")[0] for line in proc.stderr.splitlines() if line.startswith("search step")] == \
-        ["search step 10/20", "search step 20/20"]
-    proc = run("retrain.py", "--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=20", "--set", "retrain.eval_every=10",
-               "--set", "retrain.final_eval_windows=4", "--set", "logging.tensorboard=false", "--out", str(tmp_path / "r"),
-               cache=cache, progress=True)
-    assert "\r" not in proc.stderr and sum(line.startswith("retrain step") for line in proc.stderr.splitlines()) == 2
+def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path, capsys):
+    """Off a terminal (stderr to a file or pipe; here pytest's capture) the progress bars would
+    write a line per redraw (tqdm#750): the search and the retrain write one line per
+    evaluation instead, in one unit."""
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    common = ["--config", TINY, "--set", f"data.corpus={text}", "--set", f"data.cache_dir={tmp_path / 'c'}",
+              "--set", "logging.tensorboard=false", "--set", "logging.progress=true"]
+    assert cli.search_main([*common, "--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "search.arch_warmup_steps=4",
+                            "--set", "search.selection=argmax", "--out", str(tmp_path / "s")]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("search step")]
+    assert "\r" not in err and [line.split(":")[0] for line in lines] == ["search step 10/20", "search step 20/20"]
+    assert all("bits/byte" in line and "nats" not in line for line in lines)
+    assert cli.retrain_main([*common, "--genotype", "all-pre", "--set", "retrain.steps=20", "--set", "retrain.eval_every=10",
+                             "--set", "retrain.final_eval_windows=4", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and sum(line.startswith("retrain step") for line in err.splitlines()) == 2

@@ -243,7 +243,7 @@ def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
     assert "Traceback" not in bad.stderr and len(rows(out)) == 5
 
 
-def test_the_proxy_reports_after_the_trial_s_own_search(tmp_path, cache):
+def test_the_proxy_reports_after_the_trial_s_own_search_and_a_stale_journal_lock_goes(tmp_path, cache):
     """A trial whose tuned search.steps (40) differs from the study config's (20) reports its
     search at steps 20 and 40 and its proxy retrain at 40 + 20 = 60: no step twice, so Optuna
     drops none of them (optuna/optuna#2441)."""
@@ -252,10 +252,16 @@ def test_the_proxy_reports_after_the_trial_s_own_search(tmp_path, cache):
     from autoln.tune import open_study
 
     out = tmp_path / "steps"
+    # and a stale Optuna journal lock (a symlink study.journal.lock) left by a killed command: this
+    # command holds the folder's own lock, so it removes the stale one at once and says so, instead
+    # of sitting silent while Optuna waits 30 s to force it (optuna/optuna#6361)
+    out.mkdir()
+    os.symlink(out / "study.journal", out / "study.journal.lock")
     sets = [*FAST[1::2], "tune.n_trials=1", "tune.score=proxy_retrain", "tune.proxy_steps=20", "retrain.eval_every=20",
             "retrain.final_eval_windows=16", "tune.space={search.steps: {categorical: [40]}}", "search.eval_every=20"]
     proc = tune(out, *(a for key in sets for a in ("--set", key)), cache=cache)
     assert "already reported" not in proc.stderr
+    assert "journal lock left by a killed command" in proc.stderr and not os.path.lexists(out / "study.journal.lock")
     cfg = load_config(TINY, [*sets, "logging.progress=false"])
     trial = open_study(cfg, out, 0).get_trials(deepcopy=False, states=[optuna.trial.TrialState.COMPLETE])[0]
     assert sorted(trial.intermediate_values) == [20, 40, 60]
@@ -475,16 +481,3 @@ def test_a_long_differing_value_is_cut_in_the_one_line_error():
     space = {"search.arch_lr": {"log-uniform": [1e-4, 3e-2]}, "search.lr": {"log-uniform": [5e-4, 5e-3]}}
     assert _clipped_repr(space) == repr(space)[:57] + "..." and len(_clipped_repr(space)) == 60
     assert _clipped_repr(100) == "100" and _clipped_repr("cosine") == "'cosine'"
-
-
-def test_a_stale_journal_lock_is_removed_at_once(tmp_path, cache):
-    """Optuna's journal lock left by a killed command (a symlink ``study.journal.lock``): the
-    command holds the folder's own lock, so it removes the stale one and says so, instead of
-    sitting silent while Optuna waits 30 s to force it (optuna/optuna#6361)."""
-    out = tmp_path / "stale"
-    out.mkdir()
-    os.symlink(out / "study.journal", out / "study.journal.lock")
-    proc = tune(out, *FAST, "--set", "tune.n_trials=1", "--set", "tune.space={search.arch_lr: {log-uniform: [1.0e-3, 1.0e-2]}}",
-                cache=cache)
-    assert "journal lock left by a killed command" in proc.stderr and "1/1 finished" in proc.stdout
-    assert not os.path.lexists(out / "study.journal.lock")
