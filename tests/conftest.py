@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
-import torch
+# One torch thread per test process (set before torch is imported): the suite runs one pytest-xdist
+# worker per core (pyproject's addopts), and threads beyond the cores only wait on each other.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from autoln.config import ModelConfig
 
