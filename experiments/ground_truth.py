@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
+from validate import SETTINGS, add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock  # noqa: E402
@@ -241,26 +241,20 @@ def figure(results: list[dict]):
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="ground_truth.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="data.corpus (the README's tables use a WikiText-2 folder)")
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--settings", default="shallow,deep", help=f"comma-separated subset of {list(SETTINGS)}")
+    add_common_arguments(p, "shallow,deep")
     p.add_argument("--samples", default=None, help="per setting, e.g. shallow=30,deep=20 (the defaults)")
     p.add_argument("--top", type=int, default=5, help="best samples retrained at --seeds seeds (default 5)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--sample-seed", type=int, default=0)
     p.add_argument("--baselines", default=None, help="comma-separated named baselines (default: every one)")
     p.add_argument("--score-windows", type=int, default=128, help="valid windows on which the supernet scores each genotype")
-    p.add_argument("--out", default="runs/validate")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
         from autoln.genotype import BASELINES
 
-        names = [s.strip() for s in args.settings.split(",") if s.strip()]
-        if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
-            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        names = parse_settings(args.settings)
         baselines = list(BASELINES) if args.baselines is None else [b.strip() for b in args.baselines.split(",") if b.strip()]
         samples = dict(DEFAULT_SAMPLES)
         for item in (args.samples or "").split(","):
@@ -274,7 +268,7 @@ def main(argv=None) -> int:
             raise ConfigError("--seeds, --top and --score-windows must be positive integers")
         if any(args.top > samples[n] for n in names):
             raise ConfigError(f"--top {args.top} is more than a setting's sample ({ {n: samples[n] for n in names} })")
-        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        overrides = base_overrides(args)
         out = Path(args.out)
         results = []
         for n in names:

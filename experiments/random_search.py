@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import SETTINGS, searched_genotype, setting_config  # noqa: E402
+from validate import add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock  # noqa: E402
@@ -157,30 +157,24 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="random_search.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="data.corpus (the README's tables use a WikiText-2 folder)")
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--settings", default="shallow,deep", help=f"comma-separated subset of {list(SETTINGS)}")
+    add_common_arguments(p, "shallow,deep")
     p.add_argument("--budget-s", type=float, default=None, help="seconds to spend (default: the setting's search wall time)")
     p.add_argument("--min-steps", type=int, default=100, help="steps of the first rung (default 100)")
     p.add_argument("--eta", type=int, default=3, help="keep the best 1/eta of a rung; the next rung trains eta times longer (default 3)")
     p.add_argument("--rank-windows", type=int, default=128, help="valid windows that rank a short retrain (default 128)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--sample-seed", type=int, default=1, help="stream of random genotypes (ground_truth.py's sample uses 0)")
-    p.add_argument("--out", default="runs/validate")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
 
-        names = [s.strip() for s in args.settings.split(",") if s.strip()]
-        if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
-            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        names = parse_settings(args.settings)
         if args.min_steps < 1 or args.eta < 2 or args.seeds < 1 or args.rank_windows < 1:
             raise ConfigError("--min-steps, --seeds and --rank-windows must be positive and --eta at least 2")
         if args.budget_s is not None and not args.budget_s > 0:
             raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
-        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        overrides = base_overrides(args)
         for n in names:
             with FolderLock(Path(args.out) / n, "random_search.py"):  # a setting's folder is this process's until it is done
                 r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import SETTINGS, setting_config, verdict  # noqa: E402
+from validate import add_common_arguments, base_overrides, parse_settings, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock  # noqa: E402
@@ -80,24 +80,18 @@ def markdown(r: dict) -> str:
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="stability.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="data.corpus (the README's tables use a WikiText-2 folder)")
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--settings", default="shallow,deep", help=f"comma-separated subset of {list(SETTINGS)}")
+    add_common_arguments(p, "shallow,deep")
     p.add_argument("--seeds", type=int, default=3, help="search seeds (default 3)")
     p.add_argument("--retrain-seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
-    p.add_argument("--out", default="runs/validate")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
 
-        names = [s.strip() for s in args.settings.split(",") if s.strip()]
-        if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
-            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        names = parse_settings(args.settings)
         if args.seeds < 2 or args.retrain_seeds < 1:
             raise ConfigError("--seeds must be at least 2 and --retrain-seeds positive")
-        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        overrides = base_overrides(args)
         out = Path(args.out)
         results = []
         for n in names:

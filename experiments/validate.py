@@ -55,10 +55,40 @@ def verdict(searched: list[float], best: list[float]) -> str:
     return "beats" if gap < -sd else "matches" if gap <= sd else "loses"
 
 
-def setting_config(name: str, base_overrides: list[str], config: str | None):
-    """The config of setting ``name``: ``config`` (or the defaults), ``base_overrides``, then the
+def add_common_arguments(p, settings: str) -> None:
+    """The options every experiment script shares: ``--data``, ``--config``, ``--set``,
+    ``--settings`` (default ``settings``) and ``--out`` (default runs/validate, one folder per
+    setting, shared by the scripts so that finished runs are reused)."""
+    p.add_argument("--data", default=None, help="data.corpus (default: the config's; the tables use a WikiText-2 folder)")
+    p.add_argument("--config", metavar="FILE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--settings", default=settings, help=f"comma-separated subset of {list(SETTINGS)}")
+    p.add_argument("--out", default="runs/validate")
+
+
+def parse_settings(text: str) -> list[str]:
+    """The setting names of ``--settings`` (comma-separated).
+
+    Raises:
+        ConfigError: an unknown or repeated name, or none.
+    """
+    from autoln.errors import ConfigError
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
+        raise ConfigError(f"--settings {text!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+    return names
+
+
+def base_overrides(args) -> list[str]:
+    """``--set`` values, then ``logging.progress=false`` and ``data.corpus`` from ``--data``."""
+    return [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+
+
+def setting_config(name: str, overrides: list[str], config: str | None):
+    """The config of setting ``name``: ``config`` (or the defaults), ``overrides``, then the
     setting's own overrides (:data:`SETTINGS`). Raises ConfigError as :func:`load_config`."""
-    return load_config(config, [*base_overrides, *SETTINGS[name]])
+    return load_config(config, [*overrides, *SETTINGS[name]])
 
 
 def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Path:
@@ -78,7 +108,7 @@ def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Pat
     return run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
 
 
-def run_setting(name: str, base_overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False) -> dict:
+def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False) -> dict:
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
     ``overwrite``, which redoes them)."""
@@ -86,7 +116,7 @@ def run_setting(name: str, base_overrides: list[str], config: str | None, seeds:
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
 
-    cfg = setting_config(name, base_overrides, config)
+    cfg = setting_config(name, overrides, config)
     genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
     entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite)
@@ -152,25 +182,18 @@ def curves(results: list[dict]):
 
 def main(argv=None) -> int:
     p = OneLineParser(prog="validate.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="data.corpus (default: the config's; the README's tables use a WikiText-2 folder)")
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {list(SETTINGS)}")
+    add_common_arguments(p, ",".join(SETTINGS))
     p.add_argument("--seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
-    p.add_argument("--out", default="runs/validate")
     p.add_argument("--overwrite", action="store_true", help="redo the searches and retrains of the chosen settings in --out")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
 
-        names = [s.strip() for s in args.settings.split(",") if s.strip()]
-        unknown = [s for s in names if s not in SETTINGS]
-        if unknown or not names or len(set(names)) != len(names):
-            raise ConfigError(f"--settings {args.settings!r}: expected a comma-separated subset of {list(SETTINGS)}, each once")
+        names = parse_settings(args.settings)
         if args.seeds < 1:
             raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
-        overrides = [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
+        overrides = base_overrides(args)
         out = Path(args.out)
         results = []
         for name in names:
