@@ -23,7 +23,6 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .data import eval_batches
 
 Placements = Sequence[tuple[str, str]]
 
@@ -102,26 +101,13 @@ def score_genotypes(supernet, genotypes: Sequence[Placements], tokens: np.ndarra
     Raises:
         ValueError: as :func:`one_hot_mixing`; no windows.
     """
+    from .training import evaluate
+
     if len(starts) == 0:
         raise ValueError("score_genotypes: no windows to score on")
     device = device or supernet.alphas.device
-    context = supernet.cfg.context
-    was_training = supernet.training
-    supernet.eval()
-    batches = [(x.to(device), y.to(device)) for x, y in eval_batches(tokens, np.asarray(starts), context, batch_size)]
-    out = np.empty(len(genotypes), dtype=np.float64)
-    try:
-        for g, placements in enumerate(genotypes):
-            mix = one_hot_mixing(supernet, placements)
-            total, count = 0.0, 0
-            for x, y in batches:
-                _, loss = supernet(x, y, mix=mix)
-                total += loss.item() * y.numel()
-                count += y.numel()
-            out[g] = total / count
-    finally:
-        supernet.train(was_training)
-    return out
+    return np.array([evaluate(supernet, tokens, np.asarray(starts), supernet.cfg.context, batch_size, device,
+                              mix=one_hot_mixing(supernet, placements)) for placements in genotypes], dtype=np.float64)
 
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:

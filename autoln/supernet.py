@@ -10,6 +10,8 @@ partition ``parameters()``.
 
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 import torch
 from torch import nn
@@ -28,7 +30,7 @@ def site_names(n_layers: int, granularity: str) -> list[str]:
     return [f"block{i}.{s}" for i in range(n_layers) for s in ("attn", "ffn")]
 
 
-class SupernetMixin:
+class SupernetMixin(abc.ABC):
     """What makes a module a supernet, shared by :class:`Supernet` (autoln's own model) and
     :class:`autoln.api.SearchModel` (a user's model with :class:`autoln.model.Site` s): the
     architecture parameters ``alphas`` ``(n_sites, K)`` over ``candidates``, the mixing
@@ -71,9 +73,10 @@ class SupernetMixin:
         noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
         return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
 
+    @abc.abstractmethod
     def arrange(self, weights: torch.Tensor) -> torch.Tensor:
-        """The per-site weights ``(n_sites, K)`` in the layout the forward pass takes."""
-        raise NotImplementedError
+        """The per-site weights ``(n_sites, K)`` in the layout the forward pass takes (each
+        subclass's own: ``(n_layers, 2, K)`` for :class:`Supernet`, as is for a user's model)."""
 
     def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0, drop: tuple[int, int] | None = None) -> torch.Tensor:
         """The mixing weights in the layout of :meth:`arrange`. ``noise > 0`` adds
