@@ -3,7 +3,9 @@
 Per setting of ``experiments/validate.py`` (same ``--out``; its compare folder is shared, so
 runs are reused both ways): ``search.py --seeds N``'s job in ``<out>/<setting>/seeds`` (finished
 seeds are reused, an interrupted one resumes), then the consensus genotype and every distinct
-seed genotype retrained at ``--retrain-seeds`` seeds at the setting's retrain budget. A seed's
+seed genotype retrained at ``--retrain-seeds`` seeds. The first seed's search is
+``experiments/validate.py``'s own (``<out>/<setting>/search``, same config, same seed): when it
+is finished with the same settings it is copied into ``seeds/seed<s>`` rather than run again at the setting's retrain budget. A seed's
 answer counts as *stable* when its retrained mean lies within one standard deviation (the
 larger of the two genotypes') of the consensus genotype's mean, the rule
 ``experiments/validate.py`` uses for "matches"; a seed whose genotype is the consensus is stable
@@ -28,6 +30,33 @@ from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
 
 
+def reuse_validate_search(cfg, name: str, out: Path) -> bool:
+    """Copy validate's finished search of setting ``name`` (``<out>/<name>/search``) into the first
+    seed's folder of ``search.py --seeds`` (``<out>/<name>/seeds/seed<search.seed>``) when that
+    folder is empty and the search was made with the same settings (the seed's config is
+    ``cfg``, whose ``search.seed`` is the first seed). The copy is made in a temporary folder and
+    renamed, so an interrupted copy leaves nothing half-written. Returns whether it copied."""
+    import shutil
+
+    from autoln.consensus import check_same_search
+    from autoln.errors import ConfigError
+
+    source = out / name / "search"
+    target = out / name / "seeds" / f"seed{cfg.search.seed}"
+    if not (source / "genotype.json").exists() or target.exists():
+        return False
+    try:
+        check_same_search(source, cfg)
+    except ConfigError:
+        return False
+    tmp = target.with_name(target.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("*.lock"))
+    tmp.rename(target)
+    print(f"[stability] {name}: seed {cfg.search.seed} is validate's search ({source}), copied to {target}", file=sys.stderr)
+    return True
+
+
 def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: int, retrain_seeds: int, out: Path) -> dict:
     """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
     from autoln.compare import run_compare
@@ -40,6 +69,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
     folder = out / name / "seeds"
     consensus_file = folder / "genotype.json"
     if not consensus_file.exists():
+        reuse_validate_search(cfg, name, out)
         run_seeds(cfg, n_seeds, folder)
     seed_files = [folder / f"seed{cfg.search.seed + i}" / "genotype.json" for i in range(n_seeds)]
     genotypes = [Genotype.load(f) for f in seed_files]

@@ -207,3 +207,21 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
             assert row["stable"] and row["valid"] == r["consensus"]["valid"]
     assert r["stability"] == sum(row["stable"] for row in r["seeds"]) / 2
     assert "Stability: **" in (out / "stability.md").read_text()
+
+    # validate's own search of the setting (same config, same seed) becomes the first seed's
+    # search: copied, not run again; a search made with other settings is not copied
+    import shutil
+
+    stability = _script("stability")
+    seeds = out / "shallow" / "seeds"
+    shutil.copytree(seeds / "seed0", out / "shallow" / "search")
+    shutil.rmtree(seeds / "seed0")
+    (seeds / "genotype.json").unlink()
+    events = sorted(p.name for p in (out / "shallow" / "search").iterdir())
+    overrides = [a for k, a in zip(args, args[1:]) if k == "--set"] + ["logging.progress=false"]
+    other = stability.setting_config("shallow", overrides + ["search.steps=8"], args[1])
+    assert not stability.reuse_validate_search(other, "shallow", out) and not (seeds / "seed0").exists()
+    assert stability.main(args) == 0
+    assert sorted(p.name for p in (seeds / "seed0").iterdir()) == events
+    assert (seeds / "seed0" / "genotype.json").read_bytes() == (out / "shallow" / "search" / "genotype.json").read_bytes()
+    assert json.loads((out / "stability.json").read_text())[0]["seeds"] == r["seeds"]
