@@ -4,7 +4,7 @@
 ``python search.py --tune [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python search.py --seeds N [--workers N] [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite]``
 ``python retrain.py --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--out DIR] [--overwrite | --resume]``
-``python retrain.py --compare [--genotype FILE ...] [--baselines LIST] [--seeds N] [--config FILE] [--set ...] [--out DIR]``
+``python retrain.py --compare [--genotype FILE ...] [--baselines LIST] [--seeds N] [--workers N] [--config FILE] [--set ...] [--out DIR]``
 
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
@@ -13,8 +13,8 @@ the run's checkpoint is written; ``--resume`` continues from it.
 
 Data-parallel: ``torchrun --nproc_per_node N search.py ...`` (or ``retrain.py``) trains one
 model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes.
-``--tune`` and ``--compare`` run several jobs and refuse ``torchrun`` (``--tune`` has its own
-``--workers``).
+``--tune``, ``--seeds`` and ``--compare`` run several jobs and take ``--workers N`` (processes
+on this machine) instead; ``--tune`` and ``--compare`` refuse ``torchrun``.
 """
 
 from __future__ import annotations
@@ -291,12 +291,14 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
     p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")
     p.add_argument("--seeds", type=int, metavar="N", help="with --compare: seeds per genotype (default 3)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="with --compare: retrains at once, each in its own process with the CPU threads shared (default 1)")
     _add_resume(p)
     args = p.parse_args(argv)
     _check_resume(p, args, "compare")
     if not args.compare:
-        if (args.baselines, args.seeds) != (None, None):
-            p.error("--baselines and --seeds need --compare")
+        if (args.baselines, args.seeds) != (None, None) or args.workers != 1:
+            p.error("--baselines, --seeds and --workers need --compare")
         if len(args.genotype) != 1:
             p.error("give exactly one --genotype (or use --compare for several)")
 
@@ -352,6 +354,6 @@ def _compare(cfg, args) -> None:
 
     baselines = [b.strip() for b in (DEFAULT_BASELINES if args.baselines is None else args.baselines).split(",") if b.strip()]
     out = Path(args.out) if args.out else default_out_dir("compare")
-    run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite)
+    run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite, args.workers)
     print((out / "compare.md").read_text() + f"\nwrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'valid_curves.png'}")
     print("next: " + tensorboard_line(out) + "   # every run's curves, one folder per genotype and seed")

@@ -3,8 +3,9 @@ same budget, data order and seeds, and tabulate and plot the result.
 
 Each (genotype, seed) pair is one ordinary retrain (:func:`autoln.run_retrain.run_retrain`) in
 ``<out>/<label>/seed<i>`` with ``retrain.seed + i``; every genotype sees the same batches at a
-given seed. A pair whose ``metrics.json`` exists is reused, so an interrupted comparison
-resumes where it stopped; ``compare.json`` records the genotypes and settings, and a re-run
+given seed. A pair whose ``metrics.json`` exists is reused and one with a checkpoint is
+continued from it, so an interrupted comparison resumes where it stopped; ``workers > 1`` runs
+that many retrains at once, each in its own process with ``cpu_count // workers`` torch threads; ``compare.json`` records the genotypes and settings, and a re-run
 with other ones is refused (``--overwrite`` redoes everything). Outputs in ``<out>``:
 
 - ``compare.csv``, ``compare.md``: one row per genotype: placements, valid and test headline
@@ -114,16 +115,19 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
 
 
 def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: int, out: str | Path,
-                overwrite: bool = False) -> list[Entry]:
+                overwrite: bool = False, workers: int = 1) -> list[Entry]:
     """Retrain every genotype file and baseline for ``seeds`` seeds and write the report.
+    ``workers``: retrains at once (module docstring); the numbers do not depend on it.
 
     Raises:
-        ConfigError: no genotype at all, ``seeds`` < 1, an unknown baseline.
+        ConfigError: no genotype at all, ``seeds`` < 1 or ``workers`` < 1, an unknown baseline.
         GenotypeError, DataError, OutputError: as ``retrain.py``; OutputError also when another
             process holds ``out`` (:class:`autoln.locks.FolderLock`).
     """
     if seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
+    if workers < 1:
+        raise ConfigError(f"--workers must be a positive integer, got {workers}")
     baselines = [*baselines, *(g for g in genotypes if is_baseline(g) and g not in baselines)]
     genotypes = [g for g in genotypes if not is_baseline(g)]
     unknown = [b for b in baselines if not is_baseline(b)]
@@ -140,13 +144,38 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     out = Path(out)
     check_out_dir(out, overwrite=False)
     with FolderLock(out, "comparison"):  # the comparison's folder is this process's until it ends
-        return _run_compare(cfg, specs, seeds, out, overwrite)
+        return _run_compare(cfg, specs, seeds, out, overwrite, workers)
 
 
-def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool) -> list[Entry]:
-    """The body of :func:`run_compare`, under its folder's lock."""
+def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bool, threads: int | None) -> dict | None:
+    """Worker: one (genotype, seed) run of a comparison, in this process or a fresh one
+    (``threads`` torch threads). Returns its ``metrics.json`` content, or None when it diverged
+    (``diverged.txt`` then holds the message, and a re-run keeps it diverged)."""
+    from .checkpoint import CHECKPOINT_FILE
     from .errors import DivergenceError
-    from .run_retrain import METRICS_FILE, run_retrain
+    from .run_retrain import METRICS_FILE, retrain_reusing, run_retrain
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    run_dir = Path(run_dir)
+    resuming = not overwrite and (run_dir / CHECKPOINT_FILE).exists()
+    print(f"[compare] {label} seed {cfg.retrain.seed} -> {run_dir}" + (" (resuming)" if resuming else ""), file=sys.stderr, flush=True)
+    try:
+        if overwrite:
+            run_retrain(cfg, spec, run_dir, overwrite=True)
+            return json.loads((run_dir / METRICS_FILE).read_text())
+        return retrain_reusing(cfg, spec, run_dir)
+    except DivergenceError as exc:
+        write_text_atomic(run_dir / "diverged.txt", f"{exc}\n")
+        print(f"[compare] {label} seed {cfg.retrain.seed} diverged: {exc}", file=sys.stderr)
+        return None
+
+
+def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool, workers: int = 1) -> list[Entry]:
+    """The body of :func:`run_compare`, under its folder's lock."""
+    from .run_retrain import METRICS_FILE
 
     record = {"specs": specs, "config": {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "retrain")}}
     record["config"]["retrain"].pop("device", None)
@@ -172,26 +201,38 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
         print(f"note: {out} holds this comparison; finished runs are reused", file=sys.stderr)
     write_json_atomic(previous, record)
     entries = [Entry(label, spec) for label, spec in zip(labels_for(specs), specs)]
-    for entry in entries:
+    results: dict[tuple[int, int], dict | None] = {}
+    jobs = []
+    for k, entry in enumerate(entries):
         for i in range(seeds):
             run_dir = out / entry.label / f"seed{i}"
             seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
             reused = read_json(run_dir / METRICS_FILE) if not overwrite else None
-            if (run_dir / METRICS_FILE).exists() and not overwrite and not isinstance(reused, dict):
-                print(f"[compare] {run_dir / METRICS_FILE} is damaged; retraining that run", file=sys.stderr)
             if isinstance(reused, dict):
-                metrics = reused
+                results[k, i] = reused
             elif (run_dir / "diverged.txt").exists() and not overwrite:
-                metrics = None
+                results[k, i] = None
             else:
-                print(f"[compare] {entry.label} seed {seeded.retrain.seed} -> {run_dir}", file=sys.stderr, flush=True)
-                try:
-                    run_retrain(seeded, entry.spec, run_dir, overwrite=True)
-                    metrics = json.loads((run_dir / METRICS_FILE).read_text())
-                except DivergenceError as exc:
-                    write_text_atomic(run_dir / "diverged.txt", f"{exc}\n")
-                    print(f"[compare] {entry.label} seed {seeded.retrain.seed} diverged: {exc}", file=sys.stderr)
-                    metrics = None
+                jobs.append(((k, i), (seeded, entry.label, entry.spec, str(run_dir), overwrite)))
+    if workers == 1 or len(jobs) <= 1:
+        for key, args in jobs:
+            results[key] = _retrain_one(*args, None)
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+        import os
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            futures = []
+            for key, (seeded, *rest) in jobs:
+                quiet = dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False))
+                futures.append((key, pool.submit(_retrain_one, quiet, *rest, threads)))
+            for key, future in futures:
+                results[key] = future.result()
+    for k, entry in enumerate(entries):
+        for i in range(seeds):
+            metrics = results[k, i]
             if metrics is not None:
                 entry.placements = metrics["placements"]
             entry.runs.append(metrics)

@@ -27,7 +27,7 @@ from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
-from .io import write_json_atomic, write_text_atomic
+from .io import read_json, write_json_atomic, write_text_atomic
 from .locks import FolderLock
 from .model import build_derived
 from .run_search import EvalHook, genotype_markdown
@@ -190,6 +190,38 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
     with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "retrain"):
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
+
+
+def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
+    """The ``metrics.json`` content of the retrain of ``genotype_spec`` in ``out``, for the
+    commands that run many retrains and are re-run after an interruption (``--compare``, the
+    experiments): a finished run (readable ``metrics.json``) is reused; an interrupted one
+    (``checkpoint.pt``) is continued with :func:`run_retrain`'s ``resume``, bitwise as if
+    uninterrupted on CPU (a damaged ``metrics.json`` is removed first, so a finished run's last
+    checkpoint redoes only its final evaluation); anything else, or a checkpoint that cannot be resumed (unreadable, made
+    with another config or genotype: a line says which), is retrained from step 0.
+
+    Raises:
+        As :func:`run_retrain`: DivergenceError (the caller records it), OutputError (e.g.
+        another process holds ``out``), DataError, GenotypeError.
+    """
+    out = Path(out)
+    done = read_json(out / METRICS_FILE)
+    if isinstance(done, dict):
+        return done
+    if (out / METRICS_FILE).exists():  # cut short or garbled: the run's last checkpoint redoes its final evaluation
+        print(f"note: {out / METRICS_FILE} is damaged; continuing that run from its checkpoint", file=sys.stderr)
+        (out / METRICS_FILE).unlink()
+    if (out / CHECKPOINT_FILE).exists():
+        try:
+            run_retrain(cfg, genotype_spec, out, resume=True)
+            return read_json(out / METRICS_FILE)
+        except (ConfigError, GenotypeError, OutputError) as exc:
+            if "is in use by" in str(exc):
+                raise
+            print(f"note: {out / CHECKPOINT_FILE} cannot be resumed ({exc}); retraining from step 0", file=sys.stderr)
+    run_retrain(cfg, genotype_spec, out, overwrite=True)
+    return read_json(out / METRICS_FILE)
 
 
 def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eval: Optional[EvalHook], resume: bool,

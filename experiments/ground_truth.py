@@ -99,7 +99,7 @@ def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) 
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, n_samples: int, top: int, seeds: int,
-                sample_seed: int, score_windows: int, out: Path, baselines: list[str]) -> dict:
+                sample_seed: int, score_windows: int, out: Path, baselines: list[str], workers: int = 1) -> dict:
     """Sample, retrain, score and summarise one setting; returns its numbers."""
     from autoln.compare import run_compare
     from autoln.data import HEADLINE
@@ -113,8 +113,8 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_samples: 
     compare = out / name / "compare"
     print(f"[ground truth] {name}: {n_samples} sampled genotypes, the searched one and {len(baselines)} baselines at seed 0",
           file=sys.stderr, flush=True)
-    run_compare(cfg, [searched], baselines, 1, compare)  # the references first: a short run already says something
-    first = run_compare(cfg, [searched, *samples], baselines, 1, compare)
+    run_compare(cfg, [searched], baselines, 1, compare, workers=workers)  # the references first: a short run already says something
+    first = run_compare(cfg, [searched, *samples], baselines, 1, compare, workers=workers)
 
     def valid(entry) -> list[float]:
         return [r["valid"][headline] for r in entry.runs if r is not None]
@@ -123,7 +123,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_samples: 
     seed0 = [valid(e)[0] if valid(e) else float("inf") for e in sample_entries]
     best = sorted(range(n_samples), key=lambda i: seed0[i])[:top]
     print(f"[ground truth] {name}: the top {top} samples and the searched genotype at {seeds} seeds", file=sys.stderr, flush=True)
-    again = run_compare(cfg, [searched, *(samples[i] for i in best)], [], seeds, compare)
+    again = run_compare(cfg, [searched, *(samples[i] for i in best)], [], seeds, compare, workers=workers)
     by_spec = {e.spec: e for e in again}
     placements = [Genotype.load(p).placements for p in samples]
     scores = supernet_scores(out / name / "search", placements, score_windows)
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
         for n in names:
             with FolderLock(out / n, "ground_truth.py"):  # a setting's folder is this process's until it is done
                 results.append(run_setting(n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed,
-                                           args.score_windows, out, baselines))
+                                           args.score_windows, out, baselines, args.workers))
         cmd = " ".join(argv if argv is not None else sys.argv[1:])
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
                   f"Command: `python experiments/ground_truth.py {cmd}`. Percentile: the share of the random sample "

@@ -31,7 +31,6 @@ puts it in its report.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -44,7 +43,7 @@ from validate import add_common_arguments, base_overrides, parse_settings, searc
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock  # noqa: E402
-from autoln.io import read_json, write_json_atomic  # noqa: E402
+from autoln.io import write_json_atomic  # noqa: E402
 
 
 def rung_steps(min_steps: int, eta: int, full_steps: int) -> list[int]:
@@ -68,23 +67,21 @@ def short_config(cfg, steps: int, windows: int):
 
 
 def short_retrain(cfg, spec: str, folder: Path) -> dict:
-    """One short retrain in ``folder`` (reused when finished; a diverged one scores inf)."""
+    """One short retrain in ``folder`` (reused when finished, continued when interrupted; a diverged one scores inf)."""
     from autoln.errors import DivergenceError
-    from autoln.run_retrain import METRICS_FILE, run_retrain
+    from autoln.run_retrain import retrain_reusing
 
-    done = read_json(folder / METRICS_FILE)
-    if isinstance(done, dict):
-        return done
     try:
-        run_retrain(cfg, spec, folder, overwrite=True)
+        return retrain_reusing(cfg, spec, folder)
     except DivergenceError as exc:
         return {"valid": {"loss": math.inf}, "wall_time_s": float(getattr(exc, "wall_time_s", 0.0) or 0.0), "diverged": str(exc)}
-    return json.loads((folder / METRICS_FILE).read_text())
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, budget_s: float | None, min_steps: int, eta: int,
-                seeds: int, sample_seed: int, rank_windows: int, out: Path) -> dict:
-    """Successive halving of random genotypes within the budget, then the best at ``seeds`` seeds."""
+                seeds: int, sample_seed: int, rank_windows: int, out: Path, workers: int = 1) -> dict:
+    """Successive halving of random genotypes within the budget, then the best at ``seeds`` seeds.
+    The short retrains run one at a time, as the search they are measured against ran;
+    ``workers`` applies to the final retrains only."""
     from autoln.compare import run_compare
     from autoln.data import HEADLINE, load_corpus
     from autoln.errors import ConfigError
@@ -146,7 +143,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
     best_file = folder / "genotype.json"
     Genotype.load(genotype_file(best["index"])).save(best_file)
     print(f"[random search] {name}: best {best['placements']}; retraining it at {seeds} seeds", file=sys.stderr, flush=True)
-    entries = run_compare(cfg, [str(best_file)], [], seeds, out / name / "compare")
+    entries = run_compare(cfg, [str(best_file)], [], seeds, out / name / "compare", workers=workers)
     runs = [r["valid"][headline] for r in entries[0].runs if r is not None]
     result = {"setting": name, "budget_s": budget_s, "spent_s": spent, "evaluated": evaluated, "rungs": rungs, "eta": eta,
               "placements": best["placements"], "history": history, "headline": headline,
@@ -178,7 +175,7 @@ def main(argv=None) -> int:
         for n in names:
             with FolderLock(Path(args.out) / n, "random_search.py"):  # a setting's folder is this process's until it is done
                 r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,
-                                args.sample_seed, args.rank_windows, Path(args.out))
+                                args.sample_seed, args.rank_windows, Path(args.out), args.workers)
             mean = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "") if r["mean"] is not None else "-"
             print(f"{n}: random search spent {r['spent_s']:.0f} of {r['budget_s']:.0f} s on {r['evaluated']} short retrains "
                   f"(rungs {r['rungs']} steps); best {r['placements']}: valid {r['headline']} {mean} over {len(r['valid'])} seeds")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoln.cli import guarded
 from autoln.config import ModelConfig, load_config
-from autoln.io import read_json, save_figure_atomic, write_text_atomic
+from autoln.io import save_figure_atomic, write_text_atomic
 
 
 def _plt():
@@ -91,22 +91,18 @@ def part_a(cfg, out: Path, seeds: int) -> tuple[str, dict]:
 
 
 def _retrain(cfg, spec: str, run_dir: Path) -> dict:
-    """One retrain (reused when finished); returns metrics.json's content, or a dict with
+    """One retrain (reused when finished, continued when interrupted); returns metrics.json's content, or a dict with
     ``diverged`` and the message."""
-    from autoln.run_retrain import METRICS_FILE, run_retrain
+    from autoln.run_retrain import retrain_reusing
     from autoln.errors import DivergenceError
 
-    done = read_json(run_dir / METRICS_FILE)  # None when missing or damaged (then it is retrained)
-    if isinstance(done, dict):
-        return done
     if (run_dir / "diverged.txt").exists():
         return {"diverged": (run_dir / "diverged.txt").read_text().strip()}
     try:
-        run_retrain(cfg, spec, run_dir, overwrite=True)
+        return retrain_reusing(cfg, spec, run_dir)
     except DivergenceError as exc:
         write_text_atomic(run_dir / "diverged.txt", f"{exc}\n")
         return {"diverged": str(exc)}
-    return json.loads((run_dir / METRICS_FILE).read_text())
 
 
 def _curves(runs: dict[str, dict], headline: str, path: Path, title: str) -> None:

@@ -57,7 +57,8 @@ def reuse_validate_search(cfg, name: str, out: Path) -> bool:
     return True
 
 
-def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: int, retrain_seeds: int, out: Path) -> dict:
+def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: int, retrain_seeds: int, out: Path,
+                workers: int = 1) -> dict:
     """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
     from autoln.compare import run_compare
     from autoln.consensus import run_seeds, vote
@@ -70,7 +71,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
     consensus_file = folder / "genotype.json"
     if not consensus_file.exists():
         reuse_validate_search(cfg, name, out)
-        run_seeds(cfg, n_seeds, folder)
+        run_seeds(cfg, n_seeds, folder, workers)
     seed_files = [folder / f"seed{cfg.search.seed + i}" / "genotype.json" for i in range(n_seeds)]
     genotypes = [Genotype.load(f) for f in seed_files]
     consensus = Genotype.load(consensus_file)
@@ -78,7 +79,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
     for f, g in zip(seed_files, genotypes):
         distinct.setdefault(g.describe(), str(f))
     print(f"[stability] {name}: {len(distinct)} distinct genotypes at {retrain_seeds} seeds", file=sys.stderr, flush=True)
-    entries = run_compare(cfg, list(distinct.values()), [], retrain_seeds, out / name / "compare")
+    entries = run_compare(cfg, list(distinct.values()), [], retrain_seeds, out / name / "compare", workers=workers)
     valid = {e.spec: [r["valid"][headline] for r in e.runs if r is not None] for e in entries}
     cons = valid[str(consensus_file)]
     rows = []
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         results = []
         for n in names:
             with FolderLock(out / n, "stability.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out))
+                results.append(run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
         report = ("# Stability: the seeds' answers against their consensus\n\n"
                   f"Command: `python experiments/stability.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
                   + "\n".join(markdown(r) for r in results))

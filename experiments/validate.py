@@ -58,12 +58,15 @@ def verdict(searched: list[float], best: list[float]) -> str:
 def add_common_arguments(p, settings: str) -> None:
     """The options every experiment script shares: ``--data``, ``--config``, ``--set``,
     ``--settings`` (default ``settings``) and ``--out`` (default runs/validate, one folder per
-    setting, shared by the scripts so that finished runs are reused)."""
+    setting, shared by the scripts so that finished runs are reused) and ``--workers`` (retrains
+    at once: :func:`autoln.compare.run_compare`'s ``workers``)."""
     p.add_argument("--data", default=None, help="data.corpus (default: the config's; the tables use a WikiText-2 folder)")
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--settings", default=settings, help=f"comma-separated subset of {list(SETTINGS)}")
     p.add_argument("--out", default="runs/validate")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="retrains at once, each in its own process with the CPU threads shared (default 1; the numbers do not depend on it)")
 
 
 def parse_settings(text: str) -> list[str]:
@@ -108,10 +111,11 @@ def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Pat
     return run_search(cfg, search_dir, overwrite=not resume, resume=resume).path
 
 
-def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False) -> dict:
+def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False,
+                workers: int = 1) -> dict:
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
-    ``overwrite``, which redoes them)."""
+    ``overwrite``, which redoes them). ``workers``: retrains at once."""
     from autoln.compare import run_compare
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
@@ -119,7 +123,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
     cfg = setting_config(name, overrides, config)
     genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
-    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite)
+    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite, workers)
     headline = HEADLINE[cfg.data.tokenizer]
     rows = []
     for e in entries:
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
         results = []
         for name in names:
             with FolderLock(out / name, "validate.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(name, overrides, args.config, args.seeds, out, args.overwrite))
+                results.append(run_setting(name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
         report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "

@@ -119,7 +119,7 @@ def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache)
     for args, message in [(("--compare", "--baselines", "all-nope"), "--baselines: unknown ['all-nope']"),
                           (("--compare", "--seeds", "0"), "--seeds must be a positive integer"),
                           (("--compare", "--baselines", ""), "needs at least one --genotype or baseline"),
-                          (("--seeds", "2", "--genotype", "all-pre"), "--baselines and --seeds need --compare"),
+                          (("--seeds", "2", "--genotype", "all-pre"), "--baselines, --seeds and --workers need --compare"),
                           (("--genotype", "all-pre", "--genotype", "all-post"), "exactly one --genotype")]:
         bad = run(str(ROOT / "retrain.py"), *args, "--config", TINY, "--out", str(tmp_path / "bad"), cache=cache, check=False)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
@@ -227,3 +227,64 @@ def test_a_one_seed_comparison_says_it_is_a_look_and_ties_are_marked(tmp_path):
     write_report(three, tmp_path, cfg)
     md = (tmp_path / "compare.md").read_text()
     assert ONE_SEED not in md and "| best |" in md and "+0.0200 (tie: within one std)" in md and "| +0.0900 |" in md
+
+
+def test_an_interrupted_run_of_a_comparison_is_continued_from_its_checkpoint(tmp_path, capsys):
+    """A re-run comparison continues a run cut off at step 3 from its checkpoint (not from step
+    0) and gets the uninterrupted run's numbers exactly; a checkpoint made with another config
+    cannot be continued, so that run starts again, with a line saying why."""
+    from autoln.compare import run_compare
+    from autoln.config import load_config
+    from autoln.run_retrain import retrain_reusing, run_retrain
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    keys = ["retrain.steps=6", "retrain.eval_every=3", "retrain.final_eval_windows=4", "logging.progress=false",
+            "logging.tensorboard=false", f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"]
+    cfg = load_config(TINY, keys)
+    whole = run_compare(cfg, [], ["all-post"], 1, tmp_path / "whole")[0].runs[0]
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_3(step, _metrics):
+        if step == 3:
+            raise Stop
+
+    out = tmp_path / "cut"
+    with pytest.raises(Stop):
+        run_retrain(cfg, "all-post", out / "all-post" / "seed0", on_eval=stop_at_3)
+    capsys.readouterr()
+    resumed = run_compare(cfg, [], ["all-post"], 1, out)[0].runs[0]
+    err = capsys.readouterr().err
+    assert "(resuming)" in err and "resumed from" in err and "at step 3" in err
+    assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
+
+    other = tmp_path / "other"
+    with pytest.raises(Stop):
+        run_retrain(load_config(TINY, keys + ["retrain.lr=1e-3"]), "all-post", other, on_eval=stop_at_3)
+    capsys.readouterr()
+    again = retrain_reusing(cfg, "all-post", other)
+    assert "cannot be resumed" in capsys.readouterr().err and again["valid"] == whole["valid"]
+
+
+def test_a_comparison_with_two_workers_gets_the_numbers_of_one_at_a_time(tmp_path, monkeypatch):
+    """--workers 2: two retrains at once in spawned processes (one torch thread each on a
+    2-core machine, as this process has), every run's numbers exactly those of one at a time."""
+    import os
+
+    from autoln.compare import run_compare
+    from autoln.config import load_config
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, ["retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4", "logging.progress=false",
+                             "logging.tensorboard=false", f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"])
+    one = run_compare(cfg, [], ["all-post", "all-pre"], 1, tmp_path / "one")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    two = run_compare(cfg, [], ["all-post", "all-pre"], 1, tmp_path / "two", workers=2)
+    assert [e.label for e in two] == ["all-post", "all-pre"]
+    for a, b in zip(one, two):
+        assert a.runs[0]["valid"] == b.runs[0]["valid"] and a.runs[0]["test"] == b.runs[0]["test"]
+    table = (tmp_path / "two" / "compare.md").read_text()
+    assert "| all-post | post post | 1 |" in table and "| all-pre | pre pre | 1 |" in table
