@@ -12,6 +12,10 @@ from pathlib import Path
 
 #: Options that run several jobs; re-running such a command resumes it (it has no ``--resume``).
 MULTI_RUN_OPTIONS = ("--seeds", "--tune", "--compare")
+#: The commands that take ``--resume`` (one run each). Any other command that runs searches or
+#: retrains (the experiment scripts) has none: run again as it was, it reuses its finished runs
+#: and continues the interrupted one from its checkpoint.
+RESUME_COMMANDS = ("search.py", "retrain.py", "autoln-search", "autoln-retrain")
 
 
 def beside_python(name: str, fallback: str) -> Path:
@@ -45,10 +49,11 @@ def pip_extra(extra: str) -> str:
 def resume_command(out: Path) -> str:
     """The command that continues the interrupted run in ``out``: this process's own command
     line (``sys.argv``) without ``--overwrite``, with ``--resume`` and ``--out out`` added when
-    missing. A command of several jobs (``--seeds``, ``--tune``, ``--compare``) resumes by being
-    run again as it was, so it is returned unchanged."""
+    missing. A command of several jobs (``--seeds``, ``--tune``, ``--compare``) and any command
+    other than :data:`RESUME_COMMANDS` (e.g. ``experiments/validate.py``) resumes by being run
+    again as it was, so it is returned unchanged."""
     script, args = sys.argv[0], list(sys.argv[1:])
-    if any(a == o or a.startswith(o + "=") for a in args for o in MULTI_RUN_OPTIONS):
+    if Path(script).name not in RESUME_COMMANDS or any(a == o or a.startswith(o + "=") for a in args for o in MULTI_RUN_OPTIONS):
         return command_line(script, *args)
     args = [a for a in args if a != "--overwrite"]
     if "--resume" not in args:

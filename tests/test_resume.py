@@ -349,6 +349,11 @@ def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
     assert resume_command(Path("x")).endswith("retrain.py --genotype all-pre --out x --resume")
     monkeypatch.setattr(sys, "argv", ["search.py", "--seeds", "3", "--out", "s"])
     assert resume_command(Path("s/seed0")).endswith("search.py --seeds 3 --out s")
+    # an experiment script has no --resume: run again as it was, it continues its runs
+    monkeypatch.setattr(sys, "argv", ["experiments/ground_truth.py", "--settings", "deep", "--out", "v"])
+    assert resume_command(Path("v/deep/compare/g00/seed0")).endswith("experiments/ground_truth.py --settings deep --out v")
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/autoln-retrain", "--genotype", "all-pre"])
+    assert resume_command(Path("x")).endswith("/venv/bin/autoln-retrain --genotype all-pre --resume --out x")
 
 
 def test_a_half_written_checkpoint_left_by_a_killed_process_is_removed(tmp_path):
