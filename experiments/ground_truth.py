@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import SETTINGS, add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config  # noqa: E402
+from validate import SETTINGS, add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock  # noqa: E402
@@ -212,6 +212,11 @@ def setting_markdown(r: dict) -> str:
     if rs:
         lines += [f"Random search at equal budget ({rs['budget_s']:.0f} s, the search's wall time; {rs['spent_s']:.0f} s spent on "
                   f"{rs['evaluated']} short retrains): best `{rs['placements']}`.", ""]
+    lines += [f"Against the issue's bar: the searched genotype's mean over {len(s['valid'])} seeds lies at the "
+              f"**{s['percentile_mean']:.0f}th** percentile of the sample (target: at least the 90th)"
+              + (f"; against random search it **{verdict(s['valid'], rs['valid']).replace('loses', 'loses to', 1)}** it "
+                 f"(means {fmt(s['mean'])} vs {fmt(rs['mean'])}; within the larger standard deviation counts as matching)."
+                 if rs and rs["valid"] else "; random search: not run yet."), ""]
     return "\n".join(lines)
 
 

@@ -153,7 +153,10 @@ def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, ca
     capsys.readouterr()
     assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
     assert (out / "shallow" / "compare" / "g00" / "seed0" / "metrics.json").stat().st_mtime_ns == stamp  # reused
-    assert "| random search |" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "| random search |" in said
+    want = gt.verdict(r["searched"]["valid"], result["valid"]).replace("loses", "loses to", 1)
+    assert f"lies at the **{r['searched']['percentile_mean']:.0f}th** percentile" in said and f"against random search it **{want}** it" in said
 
 
 def test_a_search_read_off_by_genotype_scores(tmp_path, cache_dir):
