@@ -228,3 +228,69 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     assert sorted(p.name for p in (seeds / "seed0").iterdir()) == events
     assert (seeds / "seed0" / "genotype.json").read_bytes() == (out / "shallow" / "search" / "genotype.json").read_bytes()
     assert json.loads((out / "stability.json").read_text())[0]["seeds"] == r["seeds"]
+
+
+def _read_off_rows(shallow: dict, deep: dict, taus=(0.6, 0.6)) -> list[dict]:
+    """Hand-built results of read_off.run_setting: per setting, read-off -> valid values."""
+    rd = _script("read_off")
+    out = []
+    for name, values, tau in (("shallow", shallow, taus[0]), ("deep", deep, taus[1])):
+        rows = {r: {"valid": v, "mean": sum(v) / len(v)} for r, v in values.items()}
+        for r in rd.READ_OFFS[1:]:
+            rows[r]["vs_perturbation"] = rd.verdict(rows[r]["valid"], rows["perturbation"]["valid"])
+        out.append({"setting": name, "rows": rows, "kendall_tau": tau})
+    return out
+
+
+def test_the_read_off_rule_fixed_before_the_results():
+    """A read-off replaces perturbation only if it beats it by more than one std in shallow or
+    deep and loses by more than one in neither; score only with tau >= 0.5 in both; among
+    several, the lowest mean; without both settings nothing is decided."""
+    rd = _script("read_off")
+    base = [2.50, 2.52]  # std 0.014
+    same = {"score": base, "argmax": base, "fixed-alpha": base}
+    assert rd.decide(_read_off_rows({"perturbation": base, **same}, {"perturbation": base, **same}))[0] == "perturbation"
+    # argmax beats in shallow, matches in deep: it qualifies
+    shallow = {"perturbation": base, "score": base, "argmax": [2.40, 2.41], "fixed-alpha": base}
+    assert rd.decide(_read_off_rows(shallow, {"perturbation": base, **same}))[0] == "argmax"
+    # ... but not when it loses in deep by more than one std
+    deep = {"perturbation": base, "score": base, "argmax": [2.60, 2.61], "fixed-alpha": base}
+    choice, reason = rd.decide(_read_off_rows(shallow, deep))
+    assert choice == "perturbation" and "argmax: beats in shallow, loses in deep" in reason
+    # score beats in both, and argmax too by less: score has the lower mean, if tau allows it
+    both = {"perturbation": base, "score": [2.30, 2.31], "argmax": [2.40, 2.41], "fixed-alpha": base}
+    assert rd.decide(_read_off_rows(both, both))[0] == "score"
+    choice, reason = rd.decide(_read_off_rows(both, both, taus=(0.6, 0.49)))
+    assert choice == "argmax" and "score: not eligible" in reason
+    assert rd.decide(_read_off_rows(both, both, taus=(0.6, None)))[0] == "argmax"
+    choice, reason = rd.decide(_read_off_rows(both, both)[:1])
+    assert choice == "perturbation" and reason.startswith("undecided")
+
+
+@pytest.mark.slow
+def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
+    """The four read-offs of one setting on the tiny config: score and argmax re-read the
+    default search's supernet, fixed-alpha searches with search.arch_lr=0, each retrained at 2
+    seeds in the shared comparison folder; one setting leaves the rule undecided."""
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+    corpus = tmp_path / "text.txt"
+    corpus.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    out = tmp_path / "ro"
+    args = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--seeds", "2", "--out", str(out),
+            "--set", f"data.corpus={corpus}"]
+    for key in ("search.steps=6", "search.eval_every=3", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
+                "retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4",
+                "logging.tensorboard=false"):
+        args += ["--set", key]
+    assert _script("read_off").main(args) == 0
+    report = json.loads((out / "read_off.json").read_text())
+    assert report["choice"] == "perturbation" and report["reason"].startswith("undecided")
+    rows = report["settings"][0]["rows"]
+    assert list(rows) == ["perturbation", "score", "argmax", "fixed-alpha"] and all(len(r["valid"]) == 2 for r in rows.values())
+    searched = json.loads((out / "shallow" / "search" / "genotype.json").read_text())
+    assert rows["perturbation"]["placements"] == " ".join(searched["placements"])
+    fixed = json.loads((out / "shallow" / "read_off" / "fixed-alpha" / "genotype.json").read_text())
+    assert fixed["provenance"]["config"]["search"]["arch_lr"] == 0.0
+    assert json.loads((out / "shallow" / "read_off" / "score" / "genotype.json").read_text())["provenance"]["config"]["search"]["selection"] == "score"
+    for label in ("search", "score", "argmax", "fixed-alpha"):
+        assert (out / "shallow" / "compare" / label / "seed1" / "metrics.json").exists()
