@@ -61,7 +61,8 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
                 workers: int = 1) -> dict:
     """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
     from autoln.compare import run_compare
-    from autoln.consensus import run_seeds, vote
+    from autoln.consensus import check_same_search, run_seeds, vote
+    from autoln.errors import ConfigError
     from autoln.data import HEADLINE
     from autoln.genotype import Genotype
 
@@ -75,13 +76,23 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
     seed_files = [folder / f"seed{cfg.search.seed + i}" / "genotype.json" for i in range(n_seeds)]
     genotypes = [Genotype.load(f) for f in seed_files]
     consensus = Genotype.load(consensus_file)
-    distinct: dict[str, str] = {consensus.describe(): str(consensus_file)}
-    for f, g in zip(seed_files, genotypes):
-        distinct.setdefault(g.describe(), str(f))
+    # a genotype equal to validate's searched one (the same search's answer) is retrained under
+    # that file's label, so its finished runs in the shared comparison folder are reused
+    known = {}
+    validate_search = out / name / "search"
+    if (validate_search / "genotype.json").exists():
+        try:
+            check_same_search(validate_search, cfg)
+            known[Genotype.load(validate_search / "genotype.json").describe()] = str(validate_search / "genotype.json")
+        except ConfigError:
+            pass
+    distinct: dict[str, str] = {}
+    for f, g in [(consensus_file, consensus), *zip(seed_files, genotypes)]:
+        distinct.setdefault(g.describe(), known.get(g.describe(), str(f)))
     print(f"[stability] {name}: {len(distinct)} distinct genotypes at {retrain_seeds} seeds", file=sys.stderr, flush=True)
     entries = run_compare(cfg, list(distinct.values()), [], retrain_seeds, out / name / "compare", workers=workers)
     valid = {e.spec: [r["valid"][headline] for r in e.runs if r is not None] for e in entries}
-    cons = valid[str(consensus_file)]
+    cons = valid[distinct[consensus.describe()]]
     rows = []
     for i, g in enumerate(genotypes):
         runs = valid[distinct[g.describe()]]

@@ -228,6 +228,8 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     assert sorted(p.name for p in (seeds / "seed0").iterdir()) == events
     assert (seeds / "seed0" / "genotype.json").read_bytes() == (out / "shallow" / "search" / "genotype.json").read_bytes()
     assert json.loads((out / "stability.json").read_text())[0]["seeds"] == r["seeds"]
+    # seed 0's genotype is validate's searched one: retrained under validate's label ("search"), whose runs validate reuses
+    assert (out / "shallow" / "compare" / "search" / "seed1" / "metrics.json").exists()
 
 
 def _read_off_rows(shallow: dict, deep: dict, taus=(0.6, 0.6)) -> list[dict]:
