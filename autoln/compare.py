@@ -3,10 +3,13 @@ same budget, data order and seeds, and tabulate and plot the result.
 
 Each (genotype, seed) pair is one ordinary retrain (:func:`autoln.run_retrain.run_retrain`) in
 ``<out>/<label>/seed<i>`` with ``retrain.seed + i``; every genotype sees the same batches at a
-given seed. A pair whose ``metrics.json`` exists is reused and one with a checkpoint is
-continued from it, so an interrupted comparison resumes where it stopped; ``workers > 1`` runs
-that many retrains at once, each in its own process with ``cpu_count // workers`` torch threads; ``compare.json`` records the genotypes and settings, and a re-run
-with other ones is refused (``--overwrite`` redoes everything). Outputs in ``<out>``:
+given seed. A pair whose ``metrics.json`` exists is reused and one with a checkpoint continued
+from it, so an interrupted comparison resumes where it stopped; a genotype file whose
+placements equal a finished run's in the folder takes that run's numbers at that seed (the same
+retrain; its ``metrics.json`` says ``same_run_as``). ``workers > 1`` runs that many retrains at
+once, each in its own process with ``cpu_count // workers`` torch threads. ``compare.json``
+records the genotypes and settings, and a re-run with other ones is refused (``--overwrite``
+redoes everything). Outputs in ``<out>``:
 
 - ``compare.csv``, ``compare.md``: one row per genotype: placements, valid and test headline
   metric (bits per byte for bytes) as mean ± std over the seeds that finished, diverged runs,
@@ -173,6 +176,31 @@ def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bo
         return None
 
 
+def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
+    """The finished runs in the comparison folder ``out``, by ``(placements, "seed<i>")``
+    (placements as :meth:`autoln.genotype.Genotype.describe` writes them): every run in one
+    comparison folder has the same data, model size and retrain settings (``compare.json``), and
+    a retrain is a function of its placements and seed, so one of these stands for any genotype
+    file with the same placements."""
+    found: dict[tuple[str, str], Path] = {}
+    for path in sorted(out.glob("*/seed*/metrics.json")):
+        m = read_json(path)
+        if isinstance(m, dict) and isinstance(m.get("placements"), str) and "same_run_as" not in m:
+            found.setdefault((m["placements"], path.parent.name), path)
+    return found
+
+
+def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
+    """Record in ``run_dir`` the finished run ``source`` (a ``metrics.json`` of the same
+    comparison, same placements and seed) as this entry's: its numbers, with ``genotype`` set to
+    the entry's file and ``same_run_as`` naming the run. Returns the record."""
+    metrics = {**read_json(source), "genotype": entry.spec, "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
+    write_json_atomic(run_dir / source.name, metrics)
+    print(f"[compare] {entry.label} {run_dir.name}: the same placements as {metrics['same_run_as']}, a finished run of this "
+          "comparison (the same retrain); reused", file=sys.stderr)
+    return metrics
+
+
 def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool, workers: int = 1) -> list[Entry]:
     """The body of :func:`run_compare`, under its folder's lock."""
     from .run_retrain import METRICS_FILE
@@ -203,7 +231,9 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
     entries = [Entry(label, spec) for label, spec in zip(labels_for(specs), specs)]
     results: dict[tuple[int, int], dict | None] = {}
     jobs = []
+    done = {} if overwrite else finished_runs(out)
     for k, entry in enumerate(entries):
+        same = None if is_baseline(entry.spec) else Genotype.load(entry.spec).describe()
         for i in range(seeds):
             run_dir = out / entry.label / f"seed{i}"
             seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
@@ -212,6 +242,8 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
                 results[k, i] = reused
             elif (run_dir / "diverged.txt").exists() and not overwrite:
                 results[k, i] = None
+            elif (same, f"seed{i}") in done:
+                results[k, i] = reuse_same_placements(done[same, f"seed{i}"], entry, run_dir)
             else:
                 jobs.append(((k, i), (seeded, entry.label, entry.spec, str(run_dir), overwrite)))
     if workers == 1 or len(jobs) <= 1:

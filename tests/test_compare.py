@@ -288,3 +288,34 @@ def test_a_comparison_with_two_workers_gets_the_numbers_of_one_at_a_time(tmp_pat
         assert a.runs[0]["valid"] == b.runs[0]["valid"] and a.runs[0]["test"] == b.runs[0]["test"]
     table = (tmp_path / "two" / "compare.md").read_text()
     assert "| all-post | post post | 1 |" in table and "| all-pre | pre pre | 1 |" in table
+
+
+def test_a_genotype_with_the_placements_of_a_finished_run_takes_its_numbers(tmp_path, capsys):
+    """A genotype file whose placements equal a finished run's in the comparison folder (here
+    all-pre's) is that same retrain: its runs record the finished ones' numbers with
+    same_run_as, and a real retrain of the file in a fresh folder gives exactly those numbers."""
+    from autoln.compare import run_compare
+    from autoln.config import load_config
+    from autoln.genotype import baseline
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, ["retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4",
+                             "logging.progress=false", "logging.tensorboard=false", f"data.corpus={text}",
+                             f"data.cache_dir={tmp_path / 'cache'}"])
+    pre = baseline("all-pre", cfg.model, 256).to_dict()
+    k, n = len(cfg.model.candidates), len(pre["placements"])
+    (tmp_path / "mine").mkdir()
+    same = Genotype.from_dict({**pre, "candidates": list(cfg.model.candidates), "probabilities": [[1 / k] * k] * n}).save(
+        tmp_path / "mine" / "genotype.json")
+    out = tmp_path / "cmp"
+    pre = run_compare(cfg, [], ["all-pre"], 2, out)[0]
+    capsys.readouterr()
+    mine = run_compare(cfg, [str(same)], ["all-pre"], 2, out)[0]
+    assert mine.label == "mine" and "the same placements as all-pre/seed1" in capsys.readouterr().err
+    for i in range(2):
+        record = json.loads((out / "mine" / f"seed{i}" / "metrics.json").read_text())
+        assert record["same_run_as"] == f"all-pre/seed{i}" and record["genotype"] == str(same)
+        assert mine.runs[i]["valid"] == pre.runs[i]["valid"] and not (out / "mine" / f"seed{i}" / "checkpoint.pt").exists()
+    fresh = run_compare(cfg, [str(same)], [], 1, tmp_path / "fresh")[0].runs[0]
+    assert fresh["valid"] == pre.runs[0]["valid"] and fresh["test"] == pre.runs[0]["test"] and "same_run_as" not in fresh
