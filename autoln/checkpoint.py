@@ -240,6 +240,10 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(message)
         self.signum = signum
 
+    def __reduce__(self):
+        """Pickled whole (a ``--workers`` process sends it to the command that started it)."""
+        return (Interrupted, (self.signum, str(self)))
+
 
 class Checkpointer:
     """When a run writes its checkpoint and which one is the last good one.

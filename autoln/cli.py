@@ -8,8 +8,9 @@
 
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
-training diverged (``on_divergence: stop``), 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, after
-the run's checkpoint is written; ``--resume`` continues from it.
+training diverged (``on_divergence: stop``), 4 out of memory, 5 when a ``--workers`` process
+died, 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, after the run's checkpoint is written;
+``--resume`` continues from it.
 
 Data-parallel: ``torchrun --nproc_per_node N search.py ...`` (or ``retrain.py``) trains one
 model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes.
@@ -31,6 +32,7 @@ from .errors import AutolnError, DivergenceError
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_OUT_OF_MEMORY = 4
+EXIT_WORKER_DIED = 5
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -97,8 +99,15 @@ def guarded(body: Callable[[], None]) -> int:
         say(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (MemoryError, RuntimeError) as exc:  # RuntimeError: torch's allocators (CPU and CUDA)
+        from concurrent.futures.process import BrokenProcessPool
+
         from .resources import is_out_of_memory
 
+        if isinstance(exc, BrokenProcessPool):
+            say("error: a --workers process died (killed by a signal, or by the system's out-of-memory killer); finished "
+                "runs and checkpoints on disk are kept: run the command again to go on (with fewer --workers if memory "
+                "was short)", file=sys.stderr)
+            return EXIT_WORKER_DIED
         if not is_out_of_memory(exc):
             raise
         say(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. The run folder keeps its last "
@@ -296,6 +305,8 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
     _add_resume(p)
     args = p.parse_args(argv)
     _check_resume(p, args, "compare")
+    if args.workers < 1:
+        p.error(f"--workers must be a positive integer, got {args.workers}")
     if not args.compare:
         if (args.baselines, args.seeds) != (None, None) or args.workers != 1:
             p.error("--baselines, --seeds and --workers need --compare")

@@ -51,11 +51,11 @@ def resume_command(out: Path) -> str:
     line (``sys.argv``) without ``--overwrite``, with ``--resume`` and ``--out out`` added when
     missing. A command of several jobs (``--seeds``, ``--tune``, ``--compare``) and any command
     other than :data:`RESUME_COMMANDS` (e.g. ``experiments/validate.py``) resumes by being run
-    again as it was, so it is returned unchanged."""
-    script, args = sys.argv[0], list(sys.argv[1:])
+    again as it was, without ``--overwrite``."""
+    script = sys.argv[0]
+    args = [a for a in sys.argv[1:] if a != "--overwrite"]  # run again with it, it would redo the finished runs
     if Path(script).name not in RESUME_COMMANDS or any(a == o or a.startswith(o + "=") for a in args for o in MULTI_RUN_OPTIONS):
         return command_line(script, *args)
-    args = [a for a in args if a != "--overwrite"]
     if "--resume" not in args:
         args.append("--resume")
     if not any(a == "--out" or a.startswith("--out=") for a in args):

@@ -7,7 +7,7 @@ given seed. A pair whose ``metrics.json`` exists is reused and one with a checkp
 from it, so an interrupted comparison resumes where it stopped; a genotype file whose
 placements equal a finished run's in the folder takes that run's numbers at that seed (the same
 retrain; its ``metrics.json`` says ``same_run_as``). ``workers > 1`` runs that many retrains at
-once, each in its own process with ``cpu_count // workers`` torch threads. ``compare.json``
+once, each in its own process with an equal share of the CPU threads (:mod:`autoln.workers`). ``compare.json``
 records the genotypes and settings, and a re-run with other ones is refused (``--overwrite``
 redoes everything). Outputs in ``<out>``:
 
@@ -120,7 +120,8 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
 def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: int, out: str | Path,
                 overwrite: bool = False, workers: int = 1) -> list[Entry]:
     """Retrain every genotype file and baseline for ``seeds`` seeds and write the report.
-    ``workers``: retrains at once (module docstring); the numbers do not depend on it.
+    ``workers``: retrains at once (module docstring); the numbers equal one at a time's up to
+    floating-point rounding (:mod:`autoln.workers`).
 
     Raises:
         ConfigError: no genotype at all, ``seeds`` < 1 or ``workers`` < 1, an unknown baseline.
@@ -176,12 +177,37 @@ def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bo
         return None
 
 
+#: What a run's config may differ in from another's and still be the same retrain.
+SAME_RUN_FREE = ("retrain.device", "model.candidates")
+
+
+def run_config_differences(run_dir: Path, cfg: Config) -> list[str]:
+    """How the retrain in ``run_dir`` (its ``config.yaml``) was made differently from ``cfg``,
+    in ``data``, ``model`` and ``retrain`` (seed included; :data:`SAME_RUN_FREE` aside): empty
+    when it is the retrain ``cfg`` would make of the same placements. A missing or unreadable
+    ``config.yaml`` is one difference."""
+    import yaml
+
+    try:
+        saved = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
+        return [f"{run_dir / 'config.yaml'} unreadable"]
+    keep = ("data", "model", "retrain")
+    a = {k: dict(v) for k, v in saved.items() if k in keep and isinstance(v, dict)}
+    b = {k: dict(v) for k, v in cfg.to_dict().items() if k in keep}
+    for key in SAME_RUN_FREE:
+        section, name = key.split(".")
+        a.get(section, {}).pop(name, None)
+        b.get(section, {}).pop(name, None)
+    return differences(a, b)
+
+
 def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
     """The finished runs in the comparison folder ``out``, by ``(placements, "seed<i>")``
-    (placements as :meth:`autoln.genotype.Genotype.describe` writes them): every run in one
-    comparison folder has the same data, model size and retrain settings (``compare.json``), and
-    a retrain is a function of its placements and seed, so one of these stands for any genotype
-    file with the same placements."""
+    (placements as :meth:`autoln.genotype.Genotype.describe` writes them). A retrain is a
+    function of its placements, seed and config (up to the order of floating-point sums, which
+    the thread count sets: :mod:`autoln.workers`), so one of these whose ``config.yaml`` matches
+    (:func:`run_config_differences`) stands for any genotype file with the same placements."""
     found: dict[tuple[str, str], Path] = {}
     for path in sorted(out.glob("*/seed*/metrics.json")):
         m = read_json(path)
@@ -192,12 +218,12 @@ def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
 
 def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
     """Record in ``run_dir`` the finished run ``source`` (a ``metrics.json`` of the same
-    comparison, same placements and seed) as this entry's: its numbers, with ``genotype`` set to
-    the entry's file and ``same_run_as`` naming the run. Returns the record."""
+    comparison, same placements, seed and config) as this entry's: its numbers, with
+    ``genotype`` set to the entry's file and ``same_run_as`` naming the run. Returns the record."""
     metrics = {**read_json(source), "genotype": entry.spec, "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
     write_json_atomic(run_dir / source.name, metrics)
-    print(f"[compare] {entry.label} {run_dir.name}: the same placements as {metrics['same_run_as']}, a finished run of this "
-          "comparison (the same retrain); reused", file=sys.stderr)
+    print(f"[compare] {entry.label} {run_dir.name}: the same placements and config as {metrics['same_run_as']}, a finished run "
+          "of this comparison (the same retrain); reused", file=sys.stderr)
     return metrics
 
 
@@ -232,36 +258,46 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
     results: dict[tuple[int, int], dict | None] = {}
     jobs = []
     done = {} if overwrite else finished_runs(out)
+    twins: dict[tuple[int, int], tuple[int, int]] = {}  # a pair whose placements an earlier job of this call retrains
+    queued: dict[tuple[str, str], tuple[int, int]] = {}
     for k, entry in enumerate(entries):
         same = None if is_baseline(entry.spec) else Genotype.load(entry.spec).describe()
         for i in range(seeds):
             run_dir = out / entry.label / f"seed{i}"
             seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
             reused = read_json(run_dir / METRICS_FILE) if not overwrite else None
+            redo = overwrite
+            if isinstance(reused, dict) and same is not None and reused.get("placements") != same:
+                print(f"[compare] {run_dir} holds a run of {reused.get('placements')!r}, but {entry.spec} is now {same!r}; "
+                      "retraining it", file=sys.stderr)
+                reused, redo = None, True
+            source = done.get((same, f"seed{i}")) if same is not None and not redo else None
             if isinstance(reused, dict):
                 results[k, i] = reused
-            elif (run_dir / "diverged.txt").exists() and not overwrite:
+            elif (run_dir / "diverged.txt").exists() and not redo:
                 results[k, i] = None
-            elif (same, f"seed{i}") in done:
-                results[k, i] = reuse_same_placements(done[same, f"seed{i}"], entry, run_dir)
+            elif source is not None and not run_config_differences(source.parent, seeded):
+                results[k, i] = reuse_same_placements(source, entry, run_dir)
+            elif same is not None and (same, f"seed{i}") in queued:
+                twins[k, i] = queued[same, f"seed{i}"]
             else:
-                jobs.append(((k, i), (seeded, entry.label, entry.spec, str(run_dir), overwrite)))
+                if same is not None:
+                    queued[same, f"seed{i}"] = (k, i)
+                jobs.append(((k, i), (seeded, entry.label, entry.spec, str(run_dir), redo)))
     if workers == 1 or len(jobs) <= 1:
         for key, args in jobs:
             results[key] = _retrain_one(*args, None)
     else:
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-        import os
+        from .workers import run_in_processes
 
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = []
-            for key, (seeded, *rest) in jobs:
-                quiet = dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False))
-                futures.append((key, pool.submit(_retrain_one, quiet, *rest, threads)))
-            for key, future in futures:
-                results[key] = future.result()
+        quiet = [(dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False)), *rest)
+                 for _, (seeded, *rest) in jobs]
+        for (key, _), metrics in zip(jobs, run_in_processes(_retrain_one, quiet, workers)):
+            results[key] = metrics
+    for (k, i), (k0, i0) in twins.items():
+        source = out / entries[k0].label / f"seed{i0}" / METRICS_FILE
+        results[k, i] = reuse_same_placements(source, entries[k], out / entries[k].label / f"seed{i}") \
+            if results[k0, i0] is not None else None
     for k, entry in enumerate(entries):
         for i in range(seeds):
             metrics = results[k, i]

@@ -19,11 +19,8 @@ the command finishes an interrupted set. Outputs in ``<out>``:
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Optional
 
@@ -188,7 +185,7 @@ def _search_one(cfg: Config, out: str, resume: bool, threads: Optional[int]) -> 
 def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, overwrite: bool = False) -> tuple[Consensus, Path]:
     """Run ``n_seeds`` searches (seeds ``cfg.search.seed ..+n_seeds-1``) under ``out`` and write
     the consensus (module docstring). ``workers > 1`` runs that many searches at once, each in
-    its own process with ``cpu_count // workers`` torch threads and no progress bar.
+    its own process with an equal share of the CPU threads (:mod:`autoln.workers`) and no progress bar.
 
     Returns ``(consensus, path of the consensus genotype.json)``.
 
@@ -233,16 +230,15 @@ def _run_seeds(cfg: Config, n_seeds: int, out: Path, workers: int, overwrite: bo
             print(f"[seeds] seed {s} -> {folder}" + (" (resuming)" if resume else ""), file=sys.stderr, flush=True)
             _search_one(seeded, str(folder), resume, None)
     else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = []
-            for s, seeded, folder, resume in jobs:
-                quiet = dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False))
-                print(f"[seeds] seed {s} -> {folder} (worker process)", file=sys.stderr, flush=True)
-                futures.append((s, pool.submit(_search_one, quiet, str(folder), resume, threads)))
-            for s, future in futures:
-                future.result()
-                print(f"[seeds] seed {s} done", file=sys.stderr, flush=True)
+        from .workers import run_in_processes
+
+        calls = []
+        for s, seeded, folder, resume in jobs:
+            quiet = dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False))
+            print(f"[seeds] seed {s} -> {folder} (worker process)", file=sys.stderr, flush=True)
+            calls.append((quiet, str(folder), resume))
+        run_in_processes(_search_one, calls, workers,
+                         done=lambda i, _: print(f"[seeds] seed {jobs[i][0]} done", file=sys.stderr, flush=True))
     genotypes = [Genotype.load(f / GENOTYPE_FILE) for f in folders]
     consensus = vote(genotypes)
     genotype = consensus_genotype(consensus, genotypes, seeds, folders)

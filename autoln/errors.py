@@ -26,6 +26,11 @@ class OutputError(AutolnError):
     """The output folder cannot be used (e.g. it holds a finished run and ``--overwrite`` is absent)."""
 
 
+class FolderInUse(OutputError):
+    """The run folder is held by another process (:class:`autoln.locks.FolderLock`): nothing
+    was changed, and the same command later, or on another folder, can go on."""
+
+
 class DivergenceError(AutolnError):
     """A training loss or gradient became NaN or inf under ``on_divergence: stop``; the message
     names the step and the last good checkpoint."""

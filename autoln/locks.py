@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import OutputError
+from .errors import FolderInUse, OutputError
 
 LOCK_FILE = ".autoln.lock"
 
@@ -41,8 +41,9 @@ class FolderLock:
         enabled: False makes the lock a no-op (``torchrun`` ranks above 0: rank 0 holds it).
 
     Raises:
-        OutputError: ``folder`` is held by another process (the message names its host, process
-            id and command, and says nothing was changed), is a file, or cannot be created.
+        FolderInUse: ``folder`` is held by another process (the message names its host, process
+            id and command, and says nothing was changed).
+        OutputError: ``folder`` is a file, or cannot be created.
     """
 
     def __init__(self, folder: str | Path, what: str = "run", enabled: Optional[bool] = None) -> None:
@@ -77,7 +78,7 @@ class FolderLock:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
             fh.close()
-            raise OutputError(f"--out {self.folder} is in use by {holder}: a folder holds one run at a time, so this "
+            raise FolderInUse(f"--out {self.folder} is in use by {holder}: a folder holds one run at a time, so this "
                               "command changed nothing; wait for that one to end (a killed one releases the folder), or "
                               "choose another --out") from None
         fh.seek(0)

@@ -25,7 +25,7 @@ from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
-from .errors import ConfigError, GenotypeError, OutputError
+from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import read_json, write_json_atomic, write_text_atomic
 from .locks import FolderLock
@@ -176,7 +176,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run.
     Checkpoints as :func:`autoln.run_search.run_search` (every ``checkpoint.every`` steps, at
     each evaluation, on SIGINT/SIGTERM); ``resume`` continues the run in ``out`` from its
-    checkpoint, bitwise as an uninterrupted run on CPU. A NaN or inf loss or gradient stops the
+    checkpoint, bitwise as an uninterrupted run on CPU with the same number of threads. A NaN or inf loss or gradient stops the
     run or skips that update, per ``retrain.on_divergence``. Under ``torchrun`` every process
     trains on its share of each batch and only rank 0 writes (:mod:`autoln.distributed`).
 
@@ -197,28 +197,30 @@ def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
     commands that run many retrains and are re-run after an interruption (``--compare``, the
     experiments): a finished run (readable ``metrics.json``) is reused; an interrupted one
     (``checkpoint.pt``) is continued with :func:`run_retrain`'s ``resume``, bitwise as if
-    uninterrupted on CPU (a damaged ``metrics.json`` is removed first, so a finished run's last
-    checkpoint redoes only its final evaluation); anything else, or a checkpoint that cannot be resumed (unreadable, made
-    with another config or genotype: a line says which), is retrained from step 0.
+    uninterrupted on CPU with the same number of threads (a damaged ``metrics.json`` is removed
+    first, so a finished run's last checkpoint redoes only its final evaluation); anything else,
+    or a checkpoint that cannot be resumed (unreadable, made with another config or genotype: a
+    line says which), is retrained from step 0.
 
     Raises:
-        As :func:`run_retrain`: DivergenceError (the caller records it), OutputError (e.g.
-        another process holds ``out``), DataError, GenotypeError.
+        As :func:`run_retrain`: DivergenceError (the caller records it), FolderInUse (another
+        process holds ``out``), OutputError, DataError, GenotypeError.
     """
     out = Path(out)
     done = read_json(out / METRICS_FILE)
     if isinstance(done, dict):
         return done
     if (out / METRICS_FILE).exists():  # cut short or garbled: the run's last checkpoint redoes its final evaluation
-        print(f"note: {out / METRICS_FILE} is damaged; continuing that run from its checkpoint", file=sys.stderr)
+        print(f"note: {out / METRICS_FILE} is damaged; " + ("continuing that run from its checkpoint" if (out / CHECKPOINT_FILE).exists()
+              else "retraining that run"), file=sys.stderr)
         (out / METRICS_FILE).unlink()
     if (out / CHECKPOINT_FILE).exists():
         try:
             run_retrain(cfg, genotype_spec, out, resume=True)
             return read_json(out / METRICS_FILE)
+        except FolderInUse:
+            raise
         except (ConfigError, GenotypeError, OutputError) as exc:
-            if "is in use by" in str(exc):
-                raise
             print(f"note: {out / CHECKPOINT_FILE} cannot be resumed ({exc}); retraining from step 0", file=sys.stderr)
     run_retrain(cfg, genotype_spec, out, overwrite=True)
     return read_json(out / METRICS_FILE)

@@ -42,6 +42,7 @@ from .commands import pip_extra
 from .config import Config, assign
 from .errors import AutolnError, ConfigError, OutputError
 from .io import write_text_atomic
+from .workers import threads_per_worker
 
 JOURNAL_FILE = "study.journal"
 LOCK_FILE = "tune.lock"
@@ -650,7 +651,7 @@ def _run_processes(cfg: Config, out: Path, workers: int, study) -> None:
     """Spawn ``workers`` worker processes (ranks ``rank_offset + i``, an equal share of the
     CPU threads each) and wait; when one dies, fail and re-queue the trial it was running."""
     ctx = mp.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = threads_per_worker(workers)
     procs = []
     for i in range(workers):
         p = ctx.Process(target=_worker_entry, args=(cfg, str(out), cfg.tune.rank_offset + i, threads), daemon=False)

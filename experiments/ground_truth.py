@@ -212,11 +212,17 @@ def setting_markdown(r: dict) -> str:
     if rs:
         lines += [f"Random search at equal budget ({rs['budget_s']:.0f} s, the search's wall time; {rs['spent_s']:.0f} s spent on "
                   f"{rs['evaluated']} short retrains): best `{rs['placements']}`.", ""]
-    lines += [f"Against the issue's bar: the searched genotype's mean over {len(s['valid'])} seeds lies at the "
-              f"**{s['percentile_mean']:.0f}th** percentile of the sample (target: at least the 90th)"
-              + (f"; against random search it **{verdict(s['valid'], rs['valid']).replace('loses', 'loses to', 1)}** it "
-                 f"(means {fmt(s['mean'])} vs {fmt(rs['mean'])}; within the larger standard deviation counts as matching)."
-                 if rs and rs["valid"] else "; random search: not run yet."), ""]
+    if not s["valid"]:
+        bar = "Against the issue's bar: every seed of the searched genotype diverged, so it lies below the whole sample."
+    else:
+        bar = (f"Against the issue's bar: the searched genotype's mean over {len(s['valid'])} seeds lies at the "
+               f"**{s['percentile_mean']:.0f}th** percentile of the sample (target: at least the 90th)")
+        if rs and rs["valid"]:
+            bar += (f"; against random search it **{verdict(s['valid'], rs['valid']).replace('loses', 'loses to', 1)}** it "
+                    f"(means {fmt(s['mean'])} vs {fmt(rs['mean'])}; within the larger standard deviation counts as matching).")
+        else:
+            bar += "; random search: " + ("its best genotype's retrains are not finished." if rs else "not run yet.")
+    lines += [bar, ""]
     return "\n".join(lines)
 
 

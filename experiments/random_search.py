@@ -34,6 +34,7 @@ import dataclasses
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,14 +68,23 @@ def short_config(cfg, steps: int, windows: int):
 
 
 def short_retrain(cfg, spec: str, folder: Path) -> dict:
-    """One short retrain in ``folder`` (reused when finished, continued when interrupted; a diverged one scores inf)."""
+    """One short retrain in ``folder`` (reused when finished, continued when interrupted); a
+    diverged one scores inf, costs the time it ran, and is recorded (``diverged.json``) so that a
+    re-run does not train it again."""
     from autoln.errors import DivergenceError
+    from autoln.io import read_json, write_json_atomic
     from autoln.run_retrain import retrain_reusing
 
+    diverged = read_json(folder / "diverged.json")
+    if isinstance(diverged, dict):
+        return diverged
+    started = time.perf_counter()
     try:
         return retrain_reusing(cfg, spec, folder)
     except DivergenceError as exc:
-        return {"valid": {"loss": math.inf}, "wall_time_s": float(getattr(exc, "wall_time_s", 0.0) or 0.0), "diverged": str(exc)}
+        record = {"valid": {"loss": math.inf}, "wall_time_s": time.perf_counter() - started, "diverged": str(exc)}
+        write_json_atomic(folder / "diverged.json", record)
+        return record
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, budget_s: float | None, min_steps: int, eta: int,

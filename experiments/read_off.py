@@ -17,9 +17,10 @@ retrain budget in the setting's comparison folder:
 The rule, fixed before any result (docs/results.md): a read-off replaces perturbation only if,
 retrained at 3 seeds, its genotype beats the default's by more than one standard deviation
 (the larger of the two) in the shallow or the deep setting and loses by more than one in
-neither; ``score`` is eligible only where Kendall's tau (``<out>/ground_truth.json``, from
-``experiments/ground_truth.py`` with the same ``--out``) is at least 0.5. Several qualifying:
-the lowest mean over the settings. It writes ``<out>/read_off.md`` and ``<out>/read_off.json``.
+neither; ``score`` is eligible only if Kendall's tau (``<out>/ground_truth.json``, from
+``experiments/ground_truth.py`` with the same ``--out``) is at least 0.5 in both settings (the
+default reads off every setting). Several qualifying: the lowest mean over the two settings.
+Without both settings, 3 finished seeds of every genotype and both taus, nothing is decided. It writes ``<out>/read_off.md`` and ``<out>/read_off.json``.
 
     python experiments/read_off.py --data WIKITEXT_FOLDER [--settings shallow,deep] [--seeds 3] [--out runs/validate]
 """
@@ -83,28 +84,44 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
         rows[r] = {"placements": Genotype.load(files[r]).describe(), "valid": runs,
                    "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None}
     for r in READ_OFFS[1:]:
-        rows[r]["vs_perturbation"] = verdict(rows[r]["valid"], rows["perturbation"]["valid"])
+        rows[r]["vs_perturbation"] = against(rows[r]["valid"], rows["perturbation"]["valid"])
     gt = read_json(out / "ground_truth.json")
     tau = next((s["fidelity"]["kendall_tau"] for s in gt if isinstance(s, dict) and s.get("setting") == name), None) \
         if isinstance(gt, list) else None
     return {"setting": name, "headline": headline, "rows": rows, "kendall_tau": tau}
 
 
-def decide(results: list[dict]) -> tuple[str, str]:
-    """The rule (module docstring) over ``results``: ``(read-off, reason)``; ``perturbation``
-    stays unless another qualifies, and nothing is decided without both rule settings."""
+def against(candidate: list[float], default: list[float]) -> str:
+    """``beats`` / ``matches`` / ``loses``: a read-off's retrained values against the default's,
+    by :func:`validate.verdict`'s rule (a gap within the larger standard deviation matches)."""
+    if candidate and not default:
+        return "beats (every seed of perturbation diverged)"
+    return verdict(candidate, default)
+
+
+def decide(results: list[dict], min_seeds: int = 3) -> tuple[str, str]:
+    """The rule (module docstring) over ``results``: ``(read-off, reason)``. ``perturbation``
+    stays unless another qualifies; nothing is decided without both rule settings, with fewer
+    than ``min_seeds`` finished seeds of a genotype, or (for ``score``) without Kendall's tau."""
     by = {r["setting"]: r for r in results}
     missing = [s for s in RULE_SETTINGS if s not in by]
     if missing:
         return "perturbation", f"undecided: the rule needs {', '.join(RULE_SETTINGS)}; {', '.join(missing)} not measured"
+    short = [f"{r} in {s}" for s in RULE_SETTINGS for r in READ_OFFS if len(by[s]["rows"][r]["valid"]) < min_seeds]
+    if short:
+        return "perturbation", f"undecided: the rule needs {min_seeds} finished seeds of each genotype; fewer for {', '.join(short)}"
+    taus = {s: by[s]["kendall_tau"] for s in RULE_SETTINGS}
+    if any(t is None for t in taus.values()):
+        return "perturbation", (f"undecided: score's eligibility needs Kendall's tau in {', '.join(RULE_SETTINGS)} "
+                                "(experiments/ground_truth.py with the same --out)")
     qualifying, why = [], []
     for r in READ_OFFS[1:]:
         verdicts = {s: by[s]["rows"][r]["vs_perturbation"] for s in RULE_SETTINGS}
-        taus = {s: by[s]["kendall_tau"] for s in RULE_SETTINGS}
-        if r == "score" and not all(t is not None and t >= MIN_TAU for t in taus.values()):
-            why.append(f"{r}: not eligible (Kendall's tau {taus}; needs at least {MIN_TAU} in both)")
+        if r == "score" and not all(t >= MIN_TAU for t in taus.values()):
+            why.append(f"{r}: not eligible (Kendall's tau {', '.join(f'{t:.3f} in {s}' for s, t in taus.items())}; needs at "
+                       f"least {MIN_TAU} in both)")
             continue
-        wins = [s for s, v in verdicts.items() if v == "beats"]
+        wins = [s for s, v in verdicts.items() if v.startswith("beats")]
         losses = [s for s, v in verdicts.items() if v.startswith("loses")]
         if wins and not losses:
             qualifying.append(r)

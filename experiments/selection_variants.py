@@ -50,7 +50,7 @@ import autoln.run_search as rs
 from autoln.checkpoint import CHECKPOINT_FILE
 from autoln.cli import guarded
 from autoln.config import load_config
-from autoln.io import copy_atomic
+from autoln.io import copy_atomic, read_json, write_json_atomic
 from autoln.consensus import vote
 from autoln.genotype import Genotype
 from autoln.selection import Selection, loss_rises
@@ -100,11 +100,30 @@ def selector(variant: str):
     return select
 
 
+def source_stamp(seed_dir: Path) -> str:
+    """What identifies the search in ``seed_dir``: the SHA-256 of its ``genotype.json`` (written
+    once per search, with its time and config), else of its checkpoint."""
+    import hashlib
+
+    path = seed_dir / rs.GENOTYPE_FILE if (seed_dir / rs.GENOTYPE_FILE).exists() else seed_dir / CHECKPOINT_FILE
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def reselect(seed_dir: Path, out: Path, variant: str) -> Genotype:
-    """Re-run the selection of the search in ``seed_dir`` into ``out`` with ``variant``."""
+    """Re-run the selection of the search in ``seed_dir`` into ``out`` with ``variant``. A
+    finished one in ``out`` is reused only when it was read off this very search
+    (``source.json``: :func:`source_stamp`); one read off an earlier search there is redone."""
+    import shutil
+
+    stamp = source_stamp(seed_dir)
     if (out / rs.GENOTYPE_FILE).exists():
-        return Genotype.load(out / rs.GENOTYPE_FILE)
+        recorded = read_json(out / "source.json")
+        if isinstance(recorded, dict) and recorded.get("sha256") == stamp:
+            return Genotype.load(out / rs.GENOTYPE_FILE)
+        print(f"[selection] {out} was read off another search than {seed_dir}'s; reading it off again", file=sys.stderr)
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "source.json", {"search": str(seed_dir), "sha256": stamp})
     for name in (CHECKPOINT_FILE, "config.yaml"):
         copy_atomic(seed_dir / name, out / name)
     saved = load_config(out / "config.yaml", ["logging.progress=false"])

@@ -3,11 +3,11 @@
 Per setting of ``experiments/validate.py`` (same ``--out``; its compare folder is shared, so
 runs are reused both ways): ``search.py --seeds N``'s job in ``<out>/<setting>/seeds`` (finished
 seeds are reused, an interrupted one resumes), then the consensus genotype and every distinct
-seed genotype retrained at ``--retrain-seeds`` seeds. The first seed's search is
-``experiments/validate.py``'s own (``<out>/<setting>/search``, same config, same seed): when it
-is finished with the same settings it is copied into ``seeds/seed<s>`` rather than run again at the setting's retrain budget. A seed's
-answer counts as *stable* when its retrained mean lies within one standard deviation (the
-larger of the two genotypes') of the consensus genotype's mean, the rule
+seed genotype retrained at ``--retrain-seeds`` seeds at the setting's retrain budget. The first
+seed's search is ``experiments/validate.py``'s own (``<out>/<setting>/search``, same config,
+same seed): when it is finished with the same settings it is copied into ``seeds/seed<s>``
+rather than run again. A seed's answer counts as *stable* when its retrained mean lies within
+one standard deviation (the larger of the two genotypes') of the consensus genotype's mean, the rule
 ``experiments/validate.py`` uses for "matches"; a seed whose genotype is the consensus is stable
 by definition. The per-site agreement and the vote table are reported beside it as information.
 It writes ``<out>/stability.md`` and ``<out>/stability.json``.

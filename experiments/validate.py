@@ -55,6 +55,19 @@ def verdict(searched: list[float], best: list[float]) -> str:
     return "beats" if gap < -sd else "matches" if gap <= sd else "loses"
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: a positive integer, else a one-line error naming what was given."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def add_common_arguments(p, settings: str) -> None:
     """The options every experiment script shares: ``--data``, ``--config``, ``--set``,
     ``--settings`` (default ``settings``) and ``--out`` (default runs/validate, one folder per
@@ -65,8 +78,8 @@ def add_common_arguments(p, settings: str) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--settings", default=settings, help=f"comma-separated subset of {list(SETTINGS)}")
     p.add_argument("--out", default="runs/validate")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="retrains at once, each in its own process with the CPU threads shared (default 1; the numbers do not depend on it)")
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="retrains at once, each in its own process with the CPU threads shared (default 1; the numbers equal one at a time's up to float rounding)")
 
 
 def parse_settings(text: str) -> list[str]:

@@ -4,9 +4,9 @@ through the real command line."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
-import dataclasses
 import statistics
 import subprocess
 import sys
@@ -120,6 +120,7 @@ def test_compare_counts_diverged_runs_and_refuses_bad_arguments(tmp_path, cache)
                           (("--compare", "--seeds", "0"), "--seeds must be a positive integer"),
                           (("--compare", "--baselines", ""), "needs at least one --genotype or baseline"),
                           (("--seeds", "2", "--genotype", "all-pre"), "--baselines, --seeds and --workers need --compare"),
+                          (("--compare", "--workers", "0"), "--workers must be a positive integer, got 0"),
                           (("--genotype", "all-pre", "--genotype", "all-post"), "exactly one --genotype")]:
         bad = run(str(ROOT / "retrain.py"), *args, "--config", TINY, "--out", str(tmp_path / "bad"), cache=cache, check=False)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
@@ -312,10 +313,25 @@ def test_a_genotype_with_the_placements_of_a_finished_run_takes_its_numbers(tmp_
     pre = run_compare(cfg, [], ["all-pre"], 2, out)[0]
     capsys.readouterr()
     mine = run_compare(cfg, [str(same)], ["all-pre"], 2, out)[0]
-    assert mine.label == "mine" and "the same placements as all-pre/seed1" in capsys.readouterr().err
+    assert mine.label == "mine" and "the same placements and config as all-pre/seed1" in capsys.readouterr().err
     for i in range(2):
         record = json.loads((out / "mine" / f"seed{i}" / "metrics.json").read_text())
         assert record["same_run_as"] == f"all-pre/seed{i}" and record["genotype"] == str(same)
         assert mine.runs[i]["valid"] == pre.runs[i]["valid"] and not (out / "mine" / f"seed{i}" / "checkpoint.pt").exists()
     fresh = run_compare(cfg, [str(same)], [], 1, tmp_path / "fresh")[0].runs[0]
     assert fresh["valid"] == pre.runs[0]["valid"] and fresh["test"] == pre.runs[0]["test"] and "same_run_as" not in fresh
+    # a run made with another config is not the same retrain: after --overwrite with another lr
+    # (which redoes only its own genotypes), all-pre's old runs no longer stand for the file
+    other = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, lr=cfg.retrain.lr / 2))
+    run_compare(other, [], ["all-post"], 1, out, overwrite=True)
+    (tmp_path / "again").mkdir()
+    again = Genotype.load(same).save(tmp_path / "again" / "genotype.json")
+    run = run_compare(other, [str(again)], [], 1, out)[0].runs[0]
+    assert "same_run_as" not in run and run["valid"] != pre.runs[0]["valid"]
+    # two files of one call with the same placements: one retrain, the other takes its numbers
+    (tmp_path / "twin").mkdir()
+    twin = Genotype.load(same).save(tmp_path / "twin" / "genotype.json")
+    capsys.readouterr()
+    pair = run_compare(cfg, [str(same), str(twin)], [], 1, tmp_path / "pair")
+    assert capsys.readouterr().err.count("autoln retrain ->") == 1
+    assert pair[1].runs[0]["same_run_as"] == "mine/seed0" and pair[1].runs[0]["valid"] == pair[0].runs[0]["valid"]

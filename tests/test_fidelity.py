@@ -119,6 +119,15 @@ def test_percentile_and_rungs():
     assert rs.rung_steps(500, 3, 400) == [500]
 
 
+@pytest.mark.parametrize("name", ["validate", "ground_truth", "random_search", "stability", "read_off"])
+def test_a_bad_workers_count_is_refused_before_any_run(name, capsys):
+    """--workers 0 is refused by the parser (one line, exit 2), not after hours of searching."""
+    with pytest.raises(SystemExit) as stop:
+        _script(name).main(["--workers", "0", "--out", "/nonexistent/never"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--workers: expected a positive integer, got '0'" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, capsys):
     """Both commands end to end on the tiny config, sharing one folder: the search is run once;
@@ -237,9 +246,9 @@ def _read_off_rows(shallow: dict, deep: dict, taus=(0.6, 0.6)) -> list[dict]:
     rd = _script("read_off")
     out = []
     for name, values, tau in (("shallow", shallow, taus[0]), ("deep", deep, taus[1])):
-        rows = {r: {"valid": v, "mean": sum(v) / len(v)} for r, v in values.items()}
+        rows = {r: {"valid": v, "mean": sum(v) / len(v) if v else None} for r, v in values.items()}
         for r in rd.READ_OFFS[1:]:
-            rows[r]["vs_perturbation"] = rd.verdict(rows[r]["valid"], rows["perturbation"]["valid"])
+            rows[r]["vs_perturbation"] = rd.against(rows[r]["valid"], rows["perturbation"]["valid"])
         out.append({"setting": name, "rows": rows, "kendall_tau": tau})
     return out
 
@@ -249,28 +258,37 @@ def test_the_read_off_rule_fixed_before_the_results():
     deep and loses by more than one in neither; score only with tau >= 0.5 in both; among
     several, the lowest mean; without both settings nothing is decided."""
     rd = _script("read_off")
-    base = [2.50, 2.52]  # std 0.014
+    base = [2.50, 2.52, 2.51]  # std 0.010
     same = {"score": base, "argmax": base, "fixed-alpha": base}
     assert rd.decide(_read_off_rows({"perturbation": base, **same}, {"perturbation": base, **same}))[0] == "perturbation"
     # argmax beats in shallow, matches in deep: it qualifies
-    shallow = {"perturbation": base, "score": base, "argmax": [2.40, 2.41], "fixed-alpha": base}
+    shallow = {"perturbation": base, "score": base, "argmax": [2.40, 2.41, 2.40], "fixed-alpha": base}
     assert rd.decide(_read_off_rows(shallow, {"perturbation": base, **same}))[0] == "argmax"
     # ... but not when it loses in deep by more than one std
-    deep = {"perturbation": base, "score": base, "argmax": [2.60, 2.61], "fixed-alpha": base}
+    deep = {"perturbation": base, "score": base, "argmax": [2.60, 2.61, 2.60], "fixed-alpha": base}
     choice, reason = rd.decide(_read_off_rows(shallow, deep))
     assert choice == "perturbation" and "argmax: beats in shallow, loses in deep" in reason
     # score beats in both, and argmax too by less: score has the lower mean, if tau allows it
-    both = {"perturbation": base, "score": [2.30, 2.31], "argmax": [2.40, 2.41], "fixed-alpha": base}
+    both = {"perturbation": base, "score": [2.30, 2.31, 2.30], "argmax": [2.40, 2.41, 2.40], "fixed-alpha": base}
     assert rd.decide(_read_off_rows(both, both))[0] == "score"
     choice, reason = rd.decide(_read_off_rows(both, both, taus=(0.6, 0.49)))
     assert choice == "argmax" and "score: not eligible" in reason
-    assert rd.decide(_read_off_rows(both, both, taus=(0.6, None)))[0] == "argmax"
+    choice, reason = rd.decide(_read_off_rows(both, both, taus=(0.6, None)))  # tau not measured: undecided
+    assert choice == "perturbation" and reason.startswith("undecided") and "Kendall's tau" in reason
     choice, reason = rd.decide(_read_off_rows(both, both)[:1])
     assert choice == "perturbation" and reason.startswith("undecided")
+    two = {r: v[:2] for r, v in both.items()}  # 2 seeds: the rule asks for 3
+    choice, reason = rd.decide(_read_off_rows(two, both))
+    assert choice == "perturbation" and "3 finished seeds" in reason
+    # every seed of the default diverged in shallow: a read-off that trains beats it
+    dead = {"perturbation": [], "score": base, "argmax": base, "fixed-alpha": base}
+    rows = _read_off_rows(dead, {"perturbation": base, **same})
+    assert rows[0]["rows"]["argmax"]["vs_perturbation"] == "beats (every seed of perturbation diverged)"
+    assert rd.decide(rows, min_seeds=0)[0] == "score"  # all three beat it equally: the first of the lowest mean
 
 
 @pytest.mark.slow
-def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
+def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, capsys):
     """The four read-offs of one setting on the tiny config: score and argmax re-read the
     default search's supernet, fixed-alpha searches with search.arch_lr=0, each retrained at 2
     seeds in the shared comparison folder; one setting leaves the rule undecided."""
@@ -296,3 +314,12 @@ def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     assert json.loads((out / "shallow" / "read_off" / "score" / "genotype.json").read_text())["provenance"]["config"]["search"]["selection"] == "score"
     for label in ("search", "score", "argmax", "fixed-alpha"):
         assert (out / "shallow" / "compare" / label / "seed1" / "metrics.json").exists()
+    # a read-off is reused only for the search it was read off: after a new search, it is redone
+    rd, search, argmax = _script("read_off"), out / "shallow" / "search", out / "shallow" / "read_off" / "argmax"
+    stamp = (argmax / "genotype.json").stat().st_mtime_ns
+    rd.reselect(search, argmax, "argmax")
+    assert (argmax / "genotype.json").stat().st_mtime_ns == stamp
+    (search / "genotype.json").write_text((search / "genotype.json").read_text() + "\n")
+    capsys.readouterr()
+    rd.reselect(search, argmax, "argmax")
+    assert "was read off another search" in capsys.readouterr().err and (argmax / "genotype.json").stat().st_mtime_ns != stamp

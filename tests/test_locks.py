@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoln.errors import OutputError
+from autoln.errors import FolderInUse, OutputError
 from autoln.locks import LOCK_FILE, FolderLock
 
 from .conftest import ROOT
@@ -30,6 +30,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_let_go_at_release(tmp_pa
         with pytest.raises(OutputError) as err:  # a second open file description: as a second process
             FolderLock(folder, "retrain").acquire()
         assert f"--out {folder} is in use by autoln search (process {os.getpid()}" in str(err.value)
+        assert isinstance(err.value, FolderInUse)  # an OutputError that the commands of many runs tell apart
         assert "changed nothing" in str(err.value) and "\n" not in str(err.value)
     assert not folder.exists()  # created by the lock, nothing written: removed again
     folder.mkdir()
