@@ -219,8 +219,10 @@ def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
 def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
     """Record in ``run_dir`` the finished run ``source`` (a ``metrics.json`` of the same
     comparison, same placements, seed and config) as this entry's: its numbers, with
-    ``genotype`` set to the entry's file and ``same_run_as`` naming the run. Returns the record."""
-    metrics = {**read_json(source), "genotype": entry.spec, "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
+    ``genotype`` and ``genotype_file`` the entry's own file and ``same_run_as`` naming the run.
+    Returns the record."""
+    metrics = {**read_json(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).to_dict(),
+               "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
     write_json_atomic(run_dir / source.name, metrics)
     print(f"[compare] {entry.label} {run_dir.name}: the same placements and config as {metrics['same_run_as']}, a finished run "
           "of this comparison (the same retrain); reused", file=sys.stderr)

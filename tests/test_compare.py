@@ -317,6 +317,7 @@ def test_a_genotype_with_the_placements_of_a_finished_run_takes_its_numbers(tmp_
     for i in range(2):
         record = json.loads((out / "mine" / f"seed{i}" / "metrics.json").read_text())
         assert record["same_run_as"] == f"all-pre/seed{i}" and record["genotype"] == str(same)
+        assert record["genotype_file"] == Genotype.load(same).to_dict()
         assert mine.runs[i]["valid"] == pre.runs[i]["valid"] and not (out / "mine" / f"seed{i}" / "checkpoint.pt").exists()
     fresh = run_compare(cfg, [str(same)], [], 1, tmp_path / "fresh")[0].runs[0]
     assert fresh["valid"] == pre.runs[0]["valid"] and fresh["test"] == pre.runs[0]["test"] and "same_run_as" not in fresh
