@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import SETTINGS, add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config, verdict  # noqa: E402
+from validate import (SETTINGS, add_common_arguments, each_setting, parse_settings, positive_int, searched_genotype,  # noqa: E402
+                      setting_config, verdict)
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
 
 #: Sample sizes by setting (the issue's minimum: 30 at 6 blocks, 20 at 24 blocks).
@@ -254,11 +254,11 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="ground_truth.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, "shallow,deep")
     p.add_argument("--samples", default=None, help="per setting, e.g. shallow=30,deep=20 (the defaults)")
-    p.add_argument("--top", type=int, default=5, help="best samples retrained at --seeds seeds (default 5)")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--top", type=positive_int, default=5, help="best samples retrained at --seeds seeds (default 5)")
+    p.add_argument("--seeds", type=positive_int, default=3)
     p.add_argument("--sample-seed", type=int, default=0)
     p.add_argument("--baselines", default=None, help="comma-separated named baselines (default: every one)")
-    p.add_argument("--score-windows", type=int, default=128, help="valid windows on which the supernet scores each genotype")
+    p.add_argument("--score-windows", type=positive_int, default=128, help="valid windows on which the supernet scores each genotype")
     args = p.parse_args(argv)
 
     def body() -> None:
@@ -275,17 +275,12 @@ def main(argv=None) -> int:
             if key.strip() not in SETTINGS or not value.strip().isdigit() or int(value) < 2:
                 raise ConfigError(f"--samples {args.samples!r}: expected setting=N pairs with N >= 2, e.g. shallow=30,deep=20")
             samples[key.strip()] = int(value)
-        if args.seeds < 1 or args.top < 1 or args.score_windows < 1:
-            raise ConfigError("--seeds, --top and --score-windows must be positive integers")
         if any(args.top > samples[n] for n in names):
             raise ConfigError(f"--top {args.top} is more than a setting's sample ({ {n: samples[n] for n in names} })")
-        overrides = base_overrides(args)
+        results = each_setting(args, "ground_truth.py", lambda n, overrides, out: run_setting(
+            n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed, args.score_windows, out,
+            baselines, args.workers))
         out = Path(args.out)
-        results = []
-        for n in names:
-            with FolderLock(out / n, "ground_truth.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed,
-                                           args.score_windows, out, baselines, args.workers))
         cmd = " ".join(argv if argv is not None else sys.argv[1:])
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
                   f"Command: `python experiments/ground_truth.py {cmd}`. Percentile: the share of the random sample "

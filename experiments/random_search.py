@@ -40,10 +40,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config  # noqa: E402
+from validate import add_common_arguments, each_setting, positive_int, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import write_json_atomic  # noqa: E402
 
 
@@ -166,26 +165,25 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="random_search.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, "shallow,deep")
     p.add_argument("--budget-s", type=float, default=None, help="seconds to spend (default: the setting's search wall time)")
-    p.add_argument("--min-steps", type=int, default=100, help="steps of the first rung (default 100)")
+    p.add_argument("--min-steps", type=positive_int, default=100, help="steps of the first rung (default 100)")
     p.add_argument("--eta", type=int, default=3, help="keep the best 1/eta of a rung; the next rung trains eta times longer (default 3)")
-    p.add_argument("--rank-windows", type=int, default=128, help="valid windows that rank a short retrain (default 128)")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rank-windows", type=positive_int, default=128, help="valid windows that rank a short retrain (default 128)")
+    p.add_argument("--seeds", type=positive_int, default=3)
     p.add_argument("--sample-seed", type=int, default=1, help="stream of random genotypes (ground_truth.py's sample uses 0)")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
 
-        names = parse_settings(args.settings)
-        if args.min_steps < 1 or args.eta < 2 or args.seeds < 1 or args.rank_windows < 1:
-            raise ConfigError("--min-steps, --seeds and --rank-windows must be positive and --eta at least 2")
+        if args.eta < 2:
+            raise ConfigError(f"--eta must be at least 2, got {args.eta}")
         if args.budget_s is not None and not args.budget_s > 0:
             raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
-        overrides = base_overrides(args)
-        for n in names:
-            with FolderLock(Path(args.out) / n, "random_search.py"):  # a setting's folder is this process's until it is done
-                r = run_setting(n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds,
-                                args.sample_seed, args.rank_windows, Path(args.out), args.workers)
+        results = each_setting(args, "random_search.py", lambda n, overrides, out: run_setting(
+            n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds, args.sample_seed,
+            args.rank_windows, out, args.workers))
+        for r in results:
+            n = r["setting"]
             mean = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "") if r["mean"] is not None else "-"
             print(f"{n}: random search spent {r['spent_s']:.0f} of {r['budget_s']:.0f} s on {r['evaluated']} short retrains "
                   f"(rungs {r['rungs']} steps); best {r['placements']}: valid {r['headline']} {mean} over {len(r['valid'])} seeds")

@@ -33,11 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from selection_variants import reselect  # noqa: E402
-from validate import add_common_arguments, base_overrides, parse_settings, searched_genotype, setting_config, verdict  # noqa: E402
+from validate import add_common_arguments, each_setting, positive_int, searched_genotype, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.io import read_json, write_json_atomic, write_text_atomic  # noqa: E402
-from autoln.locks import FolderLock  # noqa: E402
 
 READ_OFFS = ("perturbation", "score", "argmax", "fixed-alpha")
 #: Kendall's tau at or above which ``score`` is eligible (the rule).
@@ -148,21 +147,13 @@ def markdown(r: dict) -> str:
 def main(argv=None) -> int:
     p = OneLineParser(prog="read_off.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, "shallow,deep")
-    p.add_argument("--seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="retrain seeds per genotype (default 3)")
     args = p.parse_args(argv)
 
     def body() -> None:
-        from autoln.errors import ConfigError
-
-        names = parse_settings(args.settings)
-        if args.seeds < 1:
-            raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
-        overrides = base_overrides(args)
+        results = each_setting(args, "read_off.py", lambda n, overrides, out: run_setting(
+            n, overrides, args.config, args.seeds, out, args.workers))
         out = Path(args.out)
-        results = []
-        for n in names:
-            with FolderLock(out / n, "read_off.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(n, overrides, args.config, args.seeds, out, args.workers))
         choice, reason = decide(results)
         report = ("# Reading off the genotype: perturbation, score, argmax, fixed alphas\n\n"
                   f"Command: `python experiments/read_off.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"

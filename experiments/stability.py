@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import add_common_arguments, base_overrides, parse_settings, setting_config, verdict  # noqa: E402
+from validate import add_common_arguments, each_setting, positive_int, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.locks import FolderLock  # noqa: E402
 from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
 
 
@@ -124,21 +123,17 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="stability.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, "shallow,deep")
     p.add_argument("--seeds", type=int, default=3, help="search seeds (default 3)")
-    p.add_argument("--retrain-seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
+    p.add_argument("--retrain-seeds", type=positive_int, default=3, help="retrain seeds per genotype (default 3)")
     args = p.parse_args(argv)
 
     def body() -> None:
         from autoln.errors import ConfigError
 
-        names = parse_settings(args.settings)
-        if args.seeds < 2 or args.retrain_seeds < 1:
-            raise ConfigError("--seeds must be at least 2 and --retrain-seeds positive")
-        overrides = base_overrides(args)
+        if args.seeds < 2:
+            raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {args.seeds}")
+        results = each_setting(args, "stability.py", lambda n, overrides, out: run_setting(
+            n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
         out = Path(args.out)
-        results = []
-        for n in names:
-            with FolderLock(out / n, "stability.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
         report = ("# Stability: the seeds' answers against their consensus\n\n"
                   f"Command: `python experiments/stability.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
                   + "\n".join(markdown(r) for r in results))

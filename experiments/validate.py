@@ -101,6 +101,23 @@ def base_overrides(args) -> list[str]:
     return [*args.overrides, "logging.progress=false"] + ([f"data.corpus={args.data}"] if args.data else [])
 
 
+def each_setting(args, script: str, run) -> list[dict]:
+    """``run(name, overrides, out)`` for each setting of ``--settings``, in order, each under its
+    folder's lock (``<out>/<name>``: one experiment process per setting folder at a time), with
+    :func:`base_overrides` and ``out = Path(args.out)``. Returns the results.
+
+    Raises:
+        ConfigError: a bad ``--settings``; FolderInUse: another process holds a setting's folder;
+        whatever ``run`` raises."""
+    names = parse_settings(args.settings)
+    overrides, out = base_overrides(args), Path(args.out)
+    results = []
+    for name in names:
+        with FolderLock(out / name, script):
+            results.append(run(name, overrides, out))
+    return results
+
+
 def setting_config(name: str, overrides: list[str], config: str | None):
     """The config of setting ``name``: ``config`` (or the defaults), ``overrides``, then the
     setting's own overrides (:data:`SETTINGS`). Raises ConfigError as :func:`load_config`."""
@@ -200,22 +217,14 @@ def curves(results: list[dict]):
 def main(argv=None) -> int:
     p = OneLineParser(prog="validate.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, ",".join(SETTINGS))
-    p.add_argument("--seeds", type=int, default=3, help="retrain seeds per genotype (default 3)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="retrain seeds per genotype (default 3)")
     p.add_argument("--overwrite", action="store_true", help="redo the searches and retrains of the chosen settings in --out")
     args = p.parse_args(argv)
 
     def body() -> None:
-        from autoln.errors import ConfigError
-
-        names = parse_settings(args.settings)
-        if args.seeds < 1:
-            raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
-        overrides = base_overrides(args)
-        out = Path(args.out)
-        results = []
-        for name in names:
-            with FolderLock(out / name, "validate.py"):  # a setting's folder is this process's until it is done
-                results.append(run_setting(name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
+        results = each_setting(args, "validate.py", lambda name, overrides, out: run_setting(
+            name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
+        overrides, out = base_overrides(args), Path(args.out)
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
         report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "
