@@ -14,7 +14,9 @@ threads equals the one-at-a-time run up to rounding (bitwise when the shares are
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from typing import Any, Callable, Sequence
@@ -43,27 +45,55 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
     ends (in the order they end). Returns the results in the order of ``calls``.
 
     Raises:
-        Whatever a call raises, as soon as it does: the calls not yet started are cancelled,
-        the running ones are waited for (each ends at its own pace; a Ctrl-C reaches them too
-        and they stop at their next step with a checkpoint), then the exception is raised.
+        Whatever a call raises, as soon as it does (or a Ctrl-C): no further call starts (each
+        process is handed one call at a time, none is queued ahead), the running ones are waited
+        for (each ends at its own pace; a Ctrl-C reaches them too and they stop at their next
+        step with a checkpoint), then the exception is raised.
         ``concurrent.futures.process.BrokenProcessPool`` when a worker process died (killed by
         a signal or the out-of-memory killer).
     """
     threads = threads_per_worker(workers)
     results: list[Any] = [None] * len(calls)
+    queue = iter(enumerate(calls))
+    running: dict = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(fn, *args, threads): i for i, args in enumerate(calls)}
-        pending = set(futures)
+
+        def start_next() -> None:
+            # one call per process at a time, none queued ahead: a stop never finds a call it cannot cancel
+            for i, args in queue:
+                running[pool.submit(fn, *args, threads)] = i
+                return
+
+        for _ in range(workers):
+            start_next()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # as Ctrl-C: a line and exit 143, not a silent death
         try:
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            while running:
+                finished, _ = wait(set(running), return_when=FIRST_COMPLETED)
                 for future in finished:
-                    results[futures[future]] = future.result()  # raises the call's exception
+                    i = running.pop(future)
+                    results[i] = future.result()  # raises the call's exception
                     if done is not None:
-                        done(futures[future], results[futures[future]])
+                        done(i, results[i])
+                    start_next()
         except BaseException:
+            if running:
+                print(f"[workers] stopping: no further call starts; waiting for the {len(running)} running one(s) to end "
+                      "(a Ctrl-C reaches them too: they stop at their next step with a checkpoint)", file=sys.stderr, flush=True)
             pool.shutdown(wait=True, cancel_futures=True)
-            print(f"[workers] stopped: the calls not yet started were cancelled ({sum(f.cancelled() for f in futures)})",
-                  file=sys.stderr, flush=True)
             raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     return results
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM in the command that waits on its worker processes (they get it too, when it is
+    sent to the process group, and stop at their next step with a checkpoint)."""
+    from .checkpoint import Interrupted
+
+    raise Interrupted(signal.SIGTERM, "stopped by SIGTERM: the running runs stop at their next step with a checkpoint; "
+                                      "finished runs are kept: run the command again to go on")

@@ -33,11 +33,11 @@ def test_results_come_back_in_the_calls_order_each_with_its_share_of_threads(tmp
 
 
 def test_the_first_failure_cancels_the_calls_not_started_and_is_raised(tmp_path):
-    """Call 0 fails at once: it is raised without running the whole queue (of 12 calls of 1.5 s
-    on 2 workers, only those already handed to a process run)."""
+    """Call 0 fails at once: of 12 calls on 2 workers only the two handed out ever start (none
+    is queued ahead of a free process), and the failure is raised once call 1 has ended."""
     with pytest.raises(ValueError, match="call 0 failed"):
         run_in_processes(_mark_then, [(str(tmp_path), i) for i in range(12)], 2)
-    assert len(list(tmp_path.glob("started*"))) < 12
+    assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1"]
 
 
 def test_a_stopped_worker_s_interrupt_and_a_dead_worker_reach_the_command_as_one_line(capsys):
@@ -60,3 +60,23 @@ def test_a_stopped_worker_s_interrupt_and_a_dead_worker_reach_the_command_as_one
     assert guarded(died) == EXIT_WORKER_DIED == 5
     err = capsys.readouterr().err
     assert err.startswith("error: a --workers process died") and "Traceback" not in err
+
+
+def test_sigterm_to_the_command_stops_it_after_the_running_calls_with_one_line(tmp_path):
+    """SIGTERM to a command waiting on its workers: no further call starts, the running ones
+    end, and the command says so in one line and exits 143 (not a silent death)."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = ("import sys; from autoln.cli import guarded; from autoln.workers import run_in_processes; "
+              "from tests.test_workers import _mark_then; "
+              f"sys.exit(guarded(lambda: run_in_processes(_mark_then, [({str(tmp_path)!r}, i) for i in range(1, 9)], 2)))")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stderr=subprocess.PIPE, text=True)
+    while len(list(tmp_path.glob("started*"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143 and "interrupted: stopped by SIGTERM" in err and "Traceback" not in err, err
+    assert len(list(tmp_path.glob("started*"))) == 2
