@@ -209,9 +209,11 @@ def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
     the thread count sets: :mod:`autoln.workers`), so one of these whose ``config.yaml`` matches
     (:func:`run_config_differences`) stands for any genotype file with the same placements."""
     found: dict[tuple[str, str], Path] = {}
+    from .run_retrain import read_metrics
+
     for path in sorted(out.glob("*/seed*/metrics.json")):
-        m = read_json(path)
-        if isinstance(m, dict) and isinstance(m.get("placements"), str) and "same_run_as" not in m:
+        m = read_metrics(path)
+        if m is not None and "same_run_as" not in m:
             found.setdefault((m["placements"], path.parent.name), path)
     return found
 
@@ -221,7 +223,9 @@ def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
     comparison, same placements, seed and config) as this entry's: its numbers, with
     ``genotype`` and ``genotype_file`` the entry's own file and ``same_run_as`` naming the run.
     Returns the record."""
-    metrics = {**read_json(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).to_dict(),
+    from .run_retrain import read_metrics
+
+    metrics = {**read_metrics(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).to_dict(),
                "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
     write_json_atomic(run_dir / source.name, metrics)
     print(f"[compare] {entry.label} {run_dir.name}: the same placements and config as {metrics['same_run_as']}, a finished run "
@@ -231,7 +235,7 @@ def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
 
 def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool, workers: int = 1) -> list[Entry]:
     """The body of :func:`run_compare`, under its folder's lock."""
-    from .run_retrain import METRICS_FILE
+    from .run_retrain import METRICS_FILE, read_metrics
 
     record = {"specs": specs, "config": {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "retrain")}}
     record["config"]["retrain"].pop("device", None)
@@ -267,14 +271,21 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
         for i in range(seeds):
             run_dir = out / entry.label / f"seed{i}"
             seeded = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
-            reused = read_json(run_dir / METRICS_FILE) if not overwrite else None
+            reused = read_metrics(run_dir / METRICS_FILE) if not overwrite else None
             redo = overwrite
-            if isinstance(reused, dict) and same is not None and reused.get("placements") != same:
-                print(f"[compare] {run_dir} holds a run of {reused.get('placements')!r}, but {entry.spec} is now {same!r}; "
+            if reused is not None and same is not None and reused["placements"] != same:
+                print(f"[compare] {run_dir} holds a run of {reused['placements']!r}, but {entry.spec} is now {same!r}; "
                       "retraining it", file=sys.stderr)
                 reused, redo = None, True
+            differs = run_config_differences(run_dir, seeded) if reused is not None and "same_run_as" not in reused else []
+            if reused is not None and "same_run_as" in reused:
+                differs = run_config_differences(out / reused["same_run_as"], seeded)
+            if differs:
+                print(f"[compare] {run_dir} holds a run made with other settings ({'; '.join(differs[:3])}); retraining it",
+                      file=sys.stderr)
+                reused, redo = None, True
             source = done.get((same, f"seed{i}")) if same is not None and not redo else None
-            if isinstance(reused, dict):
+            if reused is not None:
                 results[k, i] = reused
             elif (run_dir / "diverged.txt").exists() and not redo:
                 results[k, i] = None

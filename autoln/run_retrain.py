@@ -192,10 +192,24 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
 
 
+def read_metrics(path: str | Path) -> Optional[dict]:
+    """The record of a finished retrain (``metrics.json``), or None when it is missing or
+    damaged: unreadable, not JSON, or without the fields every finished retrain writes
+    (``placements``, and ``valid`` and ``test`` with their metrics)."""
+    m = read_json(path)
+    if not isinstance(m, dict) or not isinstance(m.get("placements"), str):
+        return None
+    if not all(isinstance(m.get(split), dict) and m[split] for split in ("valid", "test")):
+        return None
+    return m
+
+
 def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
     """The ``metrics.json`` content of the retrain of ``genotype_spec`` in ``out``, for the
     commands that run many retrains and are re-run after an interruption (``--compare``, the
-    experiments): a finished run (readable ``metrics.json``) is reused; an interrupted one
+    experiments): a finished run (:func:`read_metrics`) made with ``cfg``'s settings
+    (:func:`autoln.compare.run_config_differences`) is reused, one made with others is retrained
+    from step 0 (a line says which keys differ); an interrupted one
     (``checkpoint.pt``) is continued with :func:`run_retrain`'s ``resume``, bitwise as if
     uninterrupted on CPU with the same number of threads (a damaged ``metrics.json`` is removed
     first, so a finished run's last checkpoint redoes only its final evaluation); anything else,
@@ -206,10 +220,17 @@ def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
         As :func:`run_retrain`: DivergenceError (the caller records it), FolderInUse (another
         process holds ``out``), OutputError, DataError, GenotypeError.
     """
+    from .compare import run_config_differences
+
     out = Path(out)
-    done = read_json(out / METRICS_FILE)
-    if isinstance(done, dict):
-        return done
+    done = read_metrics(out / METRICS_FILE)
+    if done is not None:
+        differs = run_config_differences(out, cfg)
+        if not differs:
+            return done
+        print(f"note: {out} holds a retrain made with other settings ({'; '.join(differs[:3])}); retraining it", file=sys.stderr)
+        run_retrain(cfg, genotype_spec, out, overwrite=True)
+        return read_metrics(out / METRICS_FILE)
     if (out / METRICS_FILE).exists():  # cut short or garbled: the run's last checkpoint redoes its final evaluation
         print(f"note: {out / METRICS_FILE} is damaged; " + ("continuing that run from its checkpoint" if (out / CHECKPOINT_FILE).exists()
               else "retraining that run"), file=sys.stderr)
@@ -217,13 +238,13 @@ def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
     if (out / CHECKPOINT_FILE).exists():
         try:
             run_retrain(cfg, genotype_spec, out, resume=True)
-            return read_json(out / METRICS_FILE)
+            return read_metrics(out / METRICS_FILE)
         except FolderInUse:
             raise
         except (ConfigError, GenotypeError, OutputError) as exc:
             print(f"note: {out / CHECKPOINT_FILE} cannot be resumed ({exc}); retraining from step 0", file=sys.stderr)
     run_retrain(cfg, genotype_spec, out, overwrite=True)
-    return read_json(out / METRICS_FILE)
+    return read_metrics(out / METRICS_FILE)
 
 
 def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eval: Optional[EvalHook], resume: bool,

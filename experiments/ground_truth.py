@@ -166,8 +166,10 @@ def read_random_search(setting_dir: Path, compare: Path, headline: str) -> dict 
     res = read_json(setting_dir / "random_search" / "result.json")
     if not isinstance(res, dict):
         return None
-    runs = [m["valid"][headline] for m in (read_json(p) for p in sorted((compare / "random_search").glob("seed*/metrics.json")))
-            if isinstance(m, dict)]
+    from autoln.run_retrain import read_metrics
+
+    runs = [m["valid"][headline] for m in (read_metrics(p) for p in sorted((compare / "random_search").glob("seed*/metrics.json")))
+            if m is not None]
     return {**res, "valid": runs, "mean": statistics.mean(runs) if runs else None,
             "std": statistics.stdev(runs) if len(runs) > 1 else None}
 

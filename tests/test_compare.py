@@ -336,3 +336,26 @@ def test_a_genotype_with_the_placements_of_a_finished_run_takes_its_numbers(tmp_
     pair = run_compare(cfg, [str(same), str(twin)], [], 1, tmp_path / "pair")
     assert capsys.readouterr().err.count("autoln retrain ->") == 1
     assert pair[1].runs[0]["same_run_as"] == "mine/seed0" and pair[1].runs[0]["valid"] == pair[0].runs[0]["valid"]
+
+
+def test_a_run_made_with_other_settings_or_an_incomplete_record_is_redone(tmp_path, capsys):
+    """compare.json deleted and the comparison re-run at another lr: every run's own config.yaml
+    says it was made with the old lr, so each is retrained (not shown under the new header);
+    a metrics.json that is valid JSON but lacks a finished run's fields ({}) counts as damaged."""
+    from autoln.compare import run_compare
+    from autoln.config import load_config
+
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    keys = ["retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4",
+            "logging.progress=false", "logging.tensorboard=false", f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"]
+    out = tmp_path / "cmp"
+    old = run_compare(load_config(TINY, keys), [], ["all-pre"], 1, out)[0].runs[0]
+    (out / "compare.json").unlink()
+    capsys.readouterr()
+    new = run_compare(load_config(TINY, keys + ["retrain.lr=1e-2"]), [], ["all-pre"], 1, out)[0].runs[0]
+    assert "made with other settings (retrain.lr (0.002 -> 0.01))" in capsys.readouterr().err
+    assert new["valid"] != old["valid"] and "lr: 0.01" in (out / "all-pre" / "seed0" / "config.yaml").read_text()
+    (out / "all-pre" / "seed0" / "metrics.json").write_text("{}")
+    again = run_compare(load_config(TINY, keys + ["retrain.lr=1e-2"]), [], ["all-pre"], 1, out)[0].runs[0]
+    assert "is damaged; continuing that run from its checkpoint" in capsys.readouterr().err and again["valid"] == new["valid"]
