@@ -3,7 +3,11 @@
 
 Each run goes to its own spawned process (``concurrent.futures.ProcessPoolExecutor``; spawn,
 not fork, so no process inherits another's torch threads or open files) with an equal share of
-the CPU cores this process may use (:func:`threads_per_worker`). Runs on several machines go
+the CPU cores this process may use (:func:`threads_per_worker`). The workers sit in process
+groups of their own and the command sends SIGINT and SIGTERM on to them, so Ctrl-C, ``kill``
+of the command or of its process group all stop every run at its next step with a checkpoint,
+and the command says how to go on. (A command killed with SIGKILL cannot: its workers finish
+the run they hold.) Runs on several machines go
 through the engines made for it instead: ``torchrun`` for one model, an RDB storage for a
 study.
 
@@ -19,6 +23,7 @@ import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
@@ -54,9 +59,10 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
     """
     threads = threads_per_worker(workers)
     results: list[Any] = [None] * len(calls)
+    _stopping.clear()
     queue = iter(enumerate(calls))
     running: dict = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_start) as pool:
 
         def start_next() -> None:
             # one call per process at a time, none queued ahead: a stop never finds a call it cannot cancel
@@ -66,9 +72,8 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
 
         for _ in range(workers):
             start_next()
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # as Ctrl-C: a line and exit 143, not a silent death
+        forwarding = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, _forward) for sig in (signal.SIGINT, signal.SIGTERM)} if forwarding else {}
         try:
             while running:
                 finished, _ = wait(set(running), return_when=FIRST_COMPLETED)
@@ -80,20 +85,46 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
                     start_next()
         except BaseException:
             if running:
-                print(f"[workers] stopping: no further call starts; waiting for the {len(running)} running one(s) to end "
-                      "(a Ctrl-C reaches them too: they stop at their next step with a checkpoint)", file=sys.stderr, flush=True)
+                print(f"[workers] stopping: no further call starts; waiting for the {len(running)} running one(s) to end",
+                      file=sys.stderr, flush=True)
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return results
 
 
-def _stop_on_sigterm(signum, frame) -> None:
-    """SIGTERM in the command that waits on its worker processes (they get it too, when it is
-    sent to the process group, and stop at their next step with a checkpoint)."""
-    from .checkpoint import Interrupted
+_stopping: list[int] = []
 
-    raise Interrupted(signal.SIGTERM, "stopped by SIGTERM: the running runs stop at their next step with a checkpoint; "
-                                      "finished runs are kept: run the command again to go on")
+
+def _forward(signum, frame) -> None:
+    """SIGINT or SIGTERM in the command that waits on its workers (which sit in process groups of
+    their own, so a terminal's Ctrl-C or a scheduler's ``kill`` reaches them only this way): sent
+    on to every worker, which stops at its next step with a checkpoint (a second one: at once);
+    the first one also stops the command with a line saying how to go on."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
+    if _stopping:
+        return
+    _stopping.append(signum)
+    from .checkpoint import Interrupted
+    from .commands import resume_command
+
+    name = signal.Signals(signum).name
+    raise Interrupted(signum, f"stopped by {name}: it was sent on to the running runs, which stop at their next step with "
+                              f"a checkpoint; finished runs are kept. Continue with: {resume_command(Path.cwd())}")
+
+
+def _worker_start() -> None:
+    """Initializer of a worker process: a process group of its own (signals come from the command,
+    :func:`_forward`), and until a run installs its own handlers (:class:`autoln.checkpoint.StopSignals`)
+    a signal ends it quietly, without a traceback from the middle of an import."""
+    os.setpgrp()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
