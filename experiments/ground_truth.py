@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import (SETTINGS, add_common_arguments, each_setting, parse_settings, positive_int, searched_genotype,  # noqa: E402
-                      setting_config, verdict)
+from validate import (SETTINGS, add_common_arguments, base_overrides, each_setting, parse_settings, positive_int,  # noqa: E402
+                      searched_genotype, setting_config, verdict)
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
@@ -174,6 +174,10 @@ def read_random_search(setting_dir: Path, compare: Path, headline: str) -> dict 
             "std": statistics.stdev(runs) if len(runs) > 1 else None}
 
 
+#: Where random search's budget came from when its result does not say (made before it did).
+WALL_TIME = "the search's wall time"
+
+
 def fmt(mean, std=None) -> str:
     """``mean ± std`` at 3 decimals (``-`` when missing)."""
     if mean is None:
@@ -212,7 +216,7 @@ def setting_markdown(r: dict) -> str:
               f"windows) and the retrained seed-0 valid loss over the sample: **{tau:.3f}**." if tau is not None else
               "Supernet fidelity: too few finished samples for Kendall's tau.", ""]
     if rs:
-        lines += [f"Random search at equal budget ({rs['budget_s']:.0f} s, the search's wall time; {rs['spent_s']:.0f} s spent on "
+        lines += [f"Random search ({rs['budget_s']:.0f} s, {rs.get('budget_from', WALL_TIME)}; {rs['spent_s']:.0f} s spent on "
                   f"{rs['evaluated']} short retrains): best `{rs['placements']}`.", ""]
     if not s["valid"]:
         bar = "Against the issue's bar: every seed of the searched genotype diverged, so it lies below the whole sample."
@@ -265,7 +269,7 @@ def main(argv=None) -> int:
 
     def body() -> None:
         from autoln.errors import ConfigError
-        from autoln.genotype import BASELINES
+        from autoln.genotype import BASELINES, is_baseline
 
         names = parse_settings(args.settings)
         baselines = list(BASELINES) if args.baselines is None else [b.strip() for b in args.baselines.split(",") if b.strip()]
@@ -279,6 +283,15 @@ def main(argv=None) -> int:
             samples[key.strip()] = int(value)
         if any(args.top > samples[n] for n in names):
             raise ConfigError(f"--top {args.top} is more than a setting's sample ({ {n: samples[n] for n in names} })")
+        unknown = [b for b in baselines if not is_baseline(b)]
+        if unknown:  # before any search: refused with nothing written
+            raise ConfigError(f"--baselines: unknown {unknown}; expected a comma-separated subset of {list(BASELINES)}")
+        for n in names:
+            cfg = setting_config(n, base_overrides(args), args.config)
+            space = len(cfg.model.searched_candidates()) ** cfg.model.n_layers
+            if samples[n] > space:
+                raise ConfigError(f"--samples {n}={samples[n]}: the {n} setting's space holds {space} genotypes "
+                                  f"({len(cfg.model.searched_candidates())} candidates, {cfg.model.n_layers} blocks)")
         results = each_setting(args, "ground_truth.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed, args.score_windows, out,
             baselines, args.workers))

@@ -100,6 +100,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
     cfg = setting_config(name, overrides, config)
     headline = HEADLINE[cfg.data.tokenizer]
     searched = searched_genotype(cfg, name, out)
+    budget_from = "--budget-s" if budget_s is not None else "the search's wall time"
     if budget_s is None:
         budget_s = Genotype.load(searched).provenance.get("metrics", {}).get("wall_time_s")
         if not budget_s:
@@ -154,7 +155,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
     print(f"[random search] {name}: best {best['placements']}; retraining it at {seeds} seeds", file=sys.stderr, flush=True)
     entries = run_compare(cfg, [str(best_file)], [], seeds, out / name / "compare", workers=workers)
     runs = [r["valid"][headline] for r in entries[0].runs if r is not None]
-    result = {"setting": name, "budget_s": budget_s, "spent_s": spent, "evaluated": evaluated, "rungs": rungs, "eta": eta,
+    result = {"setting": name, "budget_s": budget_s, "budget_from": budget_from, "spent_s": spent, "evaluated": evaluated, "rungs": rungs, "eta": eta,
               "placements": best["placements"], "history": history, "headline": headline,
               "valid": runs, "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None}
     write_json_atomic(folder / "result.json", result)

@@ -98,7 +98,9 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
         same = g.describe() == consensus.describe()
         rows.append({"seed": cfg.search.seed + i, "placements": g.describe(), "valid": runs,
                      "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None,
-                     "stable": same or verdict(runs, cons) == "matches"})
+                     "stable": same or verdict(runs, cons) == "matches",
+                     "direction": None if same or verdict(runs, cons) == "matches" else
+                     "better" if verdict(runs, cons).startswith("beats") else "worse"})
     return {"setting": name, "headline": headline, "agreement": vote(genotypes).agreement,
             "consensus": {"placements": consensus.describe(), "valid": cons, "mean": statistics.mean(cons) if cons else None,
                           "std": statistics.stdev(cons) if len(cons) > 1 else None},
@@ -114,7 +116,7 @@ def markdown(r: dict) -> str:
     lines = [f"## {r['setting']}", "", f"Per-site agreement of the seeds: {r['agreement']:.0%}. Consensus `{c['placements']}`: "
              f"valid {r['headline']} {ms(c)} ({len(c['valid'])} seeds).", "",
              f"| search seed | genotype | valid {r['headline']} | within one std of the consensus |", "|---|---|---|---|"]
-    lines += [f"| {row['seed']} | {row['placements']} | {ms(row)} | {'yes' if row['stable'] else 'no'} |" for row in r["seeds"]]
+    lines += [f"| {row['seed']} | {row['placements']} | {ms(row)} | {'yes' if row['stable'] else 'no (retrains ' + str(row['direction']) + ')'} |" for row in r["seeds"]]
     lines += ["", f"Stability: **{r['stability']:.0%}** of the seeds' answers retrain as well as the consensus.", ""]
     return "\n".join(lines)
 

@@ -119,6 +119,18 @@ def test_percentile_and_rungs():
     assert rs.rung_steps(500, 3, 400) == [500]
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--baselines", "all-pre,nope"], "--baselines: unknown ['nope']"),
+    (["--samples", "shallow=10"], "--samples shallow=10: the shallow setting's space holds 9 genotypes (3 candidates, 2 blocks)"),
+])
+def test_ground_truth_refuses_bad_input_before_any_search(tmp_path, extra, message, capsys):
+    out = tmp_path / "gt"
+    assert _script("ground_truth").main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--top", "1",
+                                          "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("name", ["validate", "ground_truth", "random_search", "stability", "read_off"])
 def test_a_bad_workers_count_is_refused_before_any_run(name, capsys):
     """--workers 0 is refused by the parser (one line, exit 2), not after hours of searching."""
