@@ -50,10 +50,11 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
     ends (in the order they end). Returns the results in the order of ``calls``.
 
     Raises:
-        Whatever a call raises, as soon as it does (or a Ctrl-C): no further call starts (each
-        process is handed one call at a time, none is queued ahead), the running ones are waited
-        for (each ends at its own pace; a Ctrl-C reaches them too and they stop at their next
-        step with a checkpoint), then the exception is raised.
+        Whatever a call raises, as soon as it does: no further call starts (each process is
+        handed one call at a time, none is queued ahead), the running ones are waited for (each
+        ends at its own pace), then the exception is raised.
+        :class:`autoln.checkpoint.Interrupted` on SIGINT or SIGTERM, after sending it on to the
+        running calls (they stop at their next step with a checkpoint) and waiting for them.
         ``concurrent.futures.process.BrokenProcessPool`` when a worker process died (killed by
         a signal or the out-of-memory killer).
     """
@@ -62,36 +63,38 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
     _stopping.clear()
     queue = iter(enumerate(calls))
     running: dict = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_start) as pool:
+    # before the first worker exists: from here on a signal reaches the workers only through _forward
+    forwarding = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, _forward) for sig in (signal.SIGINT, signal.SIGTERM)} if forwarding else {}
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_start) as pool:
 
-        def start_next() -> None:
-            # one call per process at a time, none queued ahead: a stop never finds a call it cannot cancel
-            for i, args in queue:
-                running[pool.submit(fn, *args, threads)] = i
-                return
+            def start_next() -> None:
+                # one call per process at a time, none queued ahead: a stop never finds a call it cannot cancel
+                for i, args in queue:
+                    running[pool.submit(fn, *args, threads)] = i
+                    return
 
-        for _ in range(workers):
-            start_next()
-        forwarding = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, _forward) for sig in (signal.SIGINT, signal.SIGTERM)} if forwarding else {}
-        try:
-            while running:
-                finished, _ = wait(set(running), return_when=FIRST_COMPLETED)
-                for future in finished:
-                    i = running.pop(future)
-                    results[i] = future.result()  # raises the call's exception
-                    if done is not None:
-                        done(i, results[i])
+            try:
+                for _ in range(workers):
                     start_next()
-        except BaseException:
-            if running:
-                print(f"[workers] stopping: no further call starts; waiting for the {len(running)} running one(s) to end",
-                      file=sys.stderr, flush=True)
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                while running:
+                    finished, _ = wait(set(running), return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        i = running.pop(future)
+                        results[i] = future.result()  # raises the call's exception
+                        if done is not None:
+                            done(i, results[i])
+                        start_next()
+            except BaseException:
+                if running:
+                    print(f"[workers] stopping: no further call starts; waiting for the {len(running)} running one(s) to end",
+                          file=sys.stderr, flush=True)
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return results
 
 
