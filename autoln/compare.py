@@ -277,9 +277,9 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
                 print(f"[compare] {run_dir} holds a run of {reused['placements']!r}, but {entry.spec} is now {same!r}; "
                       "retraining it", file=sys.stderr)
                 reused, redo = None, True
-            differs = run_config_differences(run_dir, seeded) if reused is not None and "same_run_as" not in reused else []
-            if reused is not None and "same_run_as" in reused:
-                differs = run_config_differences(out / reused["same_run_as"], seeded)
+            # a reused record is checked against the run that made it: its own folder, or the one it names
+            made_in = out / reused["same_run_as"] if reused is not None and "same_run_as" in reused else run_dir
+            differs = run_config_differences(made_in, seeded) if reused is not None else []
             if differs:
                 print(f"[compare] {run_dir} holds a run made with other settings ({'; '.join(differs[:3])}); retraining it",
                       file=sys.stderr)
