@@ -400,8 +400,15 @@ def mean_curve(entry: Entry, headline: str) -> list[tuple[int, float]]:
     return [(s, statistics.mean(h[s] for h in histories)) for s in steps]
 
 
+#: Line styles of :func:`curves_figure`, one per run of 10 colours.
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def curves_figure(entries: list[Entry], headline: str):
-    """Valid metric against step: per genotype the mean over seeds and a min-max band."""
+    """Valid metric against step: per genotype the mean over seeds and a min-max band. Each
+    genotype has its own colour and line style (10 colours, then dashed, dotted, dash-dot); with
+    more than 10 genotypes the legend sits outside the axes, in columns of up to 20, so that it
+    covers no curve (a ground-truth comparison has 40)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -417,13 +424,17 @@ def curves_figure(entries: list[Entry], headline: str):
         lo = [min(h[s] for h in histories) for s in steps]
         hi = [max(h[s] for h in histories) for s in steps]
         color = f"C{k % 10}"
-        ax.plot(steps, [v for _, v in curve], color=color, marker="o" if len(steps) <= 20 else None, ms=3,
+        ax.plot(steps, [v for _, v in curve], color=color, linestyle=LINE_STYLES[k // 10 % len(LINE_STYLES)],
+                marker="o" if len(steps) <= 20 and len(entries) <= 10 else None, ms=3,
                 label=f"{e.label} ({len(histories)} seed{'s' if len(histories) != 1 else ''})")
         ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(f"valid {headline}")
     ax.set_title("valid curves: mean over seeds, band = min-max", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    if len(entries) <= 10:
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+    else:  # outside the axes; the figure is saved with bbox_inches="tight", which keeps the legend
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncol=math.ceil(len(entries) / 20))
     return fig

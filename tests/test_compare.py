@@ -359,3 +359,22 @@ def test_a_run_made_with_other_settings_or_an_incomplete_record_is_redone(tmp_pa
     (out / "all-pre" / "seed0" / "metrics.json").write_text("{}")
     again = run_compare(load_config(TINY, keys + ["retrain.lr=1e-2"]), [], ["all-pre"], 1, out)[0].runs[0]
     assert "is damaged; continuing that run from its checkpoint" in capsys.readouterr().err and again["valid"] == new["valid"]
+
+
+@pytest.mark.parametrize("n", [3, 25])
+def test_the_curves_figure_gives_each_genotype_its_own_line_and_keeps_the_legend_off_the_curves(n):
+    from matplotlib.colors import to_hex
+
+    from autoln.compare import Entry, curves_figure
+
+    entries = [Entry(f"g{i:02d}", "", runs=[{"history": [{"step": s, "bits_per_byte": 3.0 - i / 100 - s / 1000} for s in (100, 200)]}])
+               for i in range(n)]
+    fig = curves_figure(entries, "bits_per_byte")
+    ax = fig.axes[0]
+    styles = {(to_hex(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+    assert len(ax.get_lines()) == n and len(styles) == n  # 10 colours, then a new line style
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [f"g{i:02d} (1 seed)" for i in range(n)]
+    fig.canvas.draw()
+    outside = legend.get_window_extent().x0 >= ax.get_window_extent().x1
+    assert outside == (n > 10)
