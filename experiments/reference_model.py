@@ -1,0 +1,213 @@
+"""An independent minimal model: is a placement's poor number autoln's, or the placement's?
+
+When a named baseline loses badly (``all-none`` and ``all-outnorm`` in docs/results.md), this
+script trains the same placement in a small GPT written here from scratch, in the style of
+nanoGPT's model.py, sharing no model, placement, init or training code with autoln (only the
+corpus reader, so that both see the same bytes, and the evaluation windows' positions). Same
+size, same start (docs/design.md §2, *A fair start*: embeddings ``N(0, 0.02)``, every linear
+``xavier_normal_``, the branch output projections times GPT-2's ``1/sqrt(2N)`` with
+``--start scaled`` or not with ``unscaled``, a tied LM head with its bias at the training split's
+unigram log-probabilities), same recipe as ``retrain.py``'s defaults (AdamW, lr 2e-3, betas
+(0.9, 0.95), weight decay 0.1 on matrices, 50 warm-up steps, cosine to a tenth, clip 1.0,
+batch 16, context 128, 1000 steps) and the same 512 valid windows. Its batches are its own
+draw, so expect agreement within the seed-to-seed spread (about 0.02 bits per byte), not
+equality.
+
+Placements (per sublayer, every block alike): ``pre`` ``x + F(LN(x))``, ``post`` ``LN(x + F(x))``,
+``outnorm`` ``x + LN(F(x))``, ``none`` ``x + F(x)``; every model ends with a final LN.
+
+    python experiments/reference_model.py --data WIKITEXT_FOLDER --placement none [--start scaled]
+        [--layers 6 --d-model 96 --heads 4 --d-ff 384] [--seed 0] [--out runs/reference]
+
+Writes ``<out>/<placement>-<start>-L<layers>-s<seed>.json`` (valid bits per byte every 100 steps
+and at the end) atomically; a finished file is reused, so a list of runs can be re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PLACEMENTS = ("pre", "post", "outnorm", "none")
+STARTS = ("scaled", "unscaled")
+
+
+class Branch(nn.Module):
+    """Causal self-attention (``kind="attn"``) or a GELU MLP (``"mlp"``), no biases,
+    ``(B, T, d)`` in and out; ``proj`` is the matrix that writes into the residual stream."""
+
+    def __init__(self, kind: str, d: int, heads: int, d_ff: int) -> None:
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        if kind == "attn":
+            self.qkv = nn.Linear(d, 3 * d, bias=False)
+            self.proj = nn.Linear(d, d, bias=False)
+        else:
+            self.fc = nn.Linear(d, d_ff, bias=False)
+            self.proj = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "mlp":
+            return self.proj(F.gelu(self.fc(x)))
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(x).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Sublayer(nn.Module):
+    """One branch with its norm placed as ``placement`` says."""
+
+    def __init__(self, placement: str, branch: Branch, d: int) -> None:
+        super().__init__()
+        self.placement, self.branch = placement, branch
+        self.ln = nn.LayerNorm(d) if placement != "none" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p, f, ln = self.placement, self.branch, self.ln
+        if p == "pre":
+            return x + f(ln(x))
+        if p == "post":
+            return ln(x + f(x))
+        if p == "outnorm":
+            return x + ln(f(x))
+        return x + f(x)
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, ``layers`` blocks of (attention, MLP) sublayers, a final LN,
+    an LM head tied to the token embedding with a bias. ``(B, T)`` ids -> ``(B, T, vocab)`` logits."""
+
+    def __init__(self, vocab: int, context: int, layers: int, d: int, heads: int, d_ff: int, placement: str,
+                 start: str, unigram: np.ndarray) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(Sublayer(placement, Branch("attn", d, heads, d_ff), d), Sublayer(placement, Branch("mlp", d, heads, d_ff), d))
+            for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.bias = nn.Parameter(torch.tensor(unigram, dtype=torch.float32))
+        with torch.no_grad():
+            nn.init.normal_(self.wte.weight, std=0.02)
+            nn.init.normal_(self.wpe.weight, std=0.02)
+            for block in self.blocks:
+                for sub in block:
+                    if sub.branch.kind == "attn":  # xavier per q, k, v matrix, as separate d x d projections
+                        for w in sub.branch.qkv.weight.split(d, dim=0):
+                            nn.init.xavier_normal_(w)
+                    else:
+                        nn.init.xavier_normal_(sub.branch.fc.weight)
+                    nn.init.xavier_normal_(sub.branch.proj.weight)
+                    if start == "scaled":
+                        sub.branch.proj.weight.mul_((2 * layers) ** -0.5)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight, self.bias)
+
+
+def valid_bpb(model: GPT, tokens: np.ndarray, starts: np.ndarray, context: int) -> float:
+    """Mean cross-entropy over the windows at ``starts``, in bits per byte (byte tokens)."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(starts), 64):
+            idx = np.asarray(starts[i:i + 64])[:, None] + np.arange(context + 1)
+            block = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+            logits = model(block[:, :-1])
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1), reduction="sum").item()
+            count += block[:, 1:].numel()
+    model.train()
+    return total / count / math.log(2)
+
+
+def train(args, corpus) -> dict:
+    """One run; returns its record (valid bits per byte every 100 steps and at the end)."""
+    from autoln.data import eval_starts
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    train_tokens, valid = corpus.splits["train"], corpus.splits["valid"]
+    model = GPT(corpus.vocab_size, 128, args.layers, args.d_model, args.heads, args.d_ff, args.placement, args.start,
+                corpus.unigram_log_probs())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=2e-3, betas=(0.9, 0.95))
+    steps, warmup = 1000, 50
+
+    def factor(s: int) -> float:
+        return (s + 1) / warmup if s < warmup else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    curve_starts, final_starts = eval_starts(len(valid), 128, 64), eval_starts(len(valid), 128, 512)
+    history, began = [], time.time()
+    for step in range(steps):
+        idx = rng.integers(0, len(train_tokens) - 129, size=16)[:, None] + np.arange(129)
+        block = torch.from_numpy(np.asarray(train_tokens[idx], dtype=np.int64))
+        logits = model(block[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % 100 == 0:
+            history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, 128)})
+            print(f"{args.placement} {args.start} L{args.layers} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
+    return {"placement": args.placement, "start": args.start, "layers": args.layers, "d_model": args.d_model,
+            "heads": args.heads, "d_ff": args.d_ff, "seed": args.seed, "steps": steps,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "valid_bits_per_byte": valid_bpb(model, valid, final_starts, 128), "history": history,
+            "wall_time_s": round(time.time() - began, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from autoln.cli import OneLineParser, guarded
+    from autoln.config import load_config
+    from autoln.data import load_corpus
+    from autoln.io import write_json_atomic
+
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="the corpus (data.corpus), e.g. the WikiText-2 folder")
+    p.add_argument("--placement", choices=PLACEMENTS, required=True)
+    p.add_argument("--start", choices=STARTS, default="scaled")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--d-model", type=int, default=96)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-ff", type=int, default=384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/reference")
+    args = p.parse_args(argv)
+
+    def run() -> int:
+        out = Path(args.out) / f"{args.placement}-{args.start}-L{args.layers}-s{args.seed}.json"
+        if out.exists():
+            record = json.loads(out.read_text())
+            print(f"{out}: reused, valid {record['valid_bits_per_byte']:.3f} bits per byte")
+            return 0
+        corpus = load_corpus(load_config(None, [f"data.corpus={args.data}"]).data)
+        if corpus.tokenizer != "bytes":
+            p.error(f"--data {args.data}: the reference model reads byte tokens, got {corpus.tokenizer}")
+        record = train(args, corpus)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out, record)
+        print(f"{out}: valid {record['valid_bits_per_byte']:.3f} bits per byte ({record['parameters']} parameters)")
+        return 0
+
+    return guarded(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
