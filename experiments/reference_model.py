@@ -20,12 +20,12 @@ Placements (per sublayer, every block alike): ``pre`` ``x + F(LN(x))``, ``post``
         [--layers 6 --d-model 96 --heads 4 --d-ff 384] [--seed 0] [--out runs/reference]
 
 Writes ``<out>/<placement>-<start>-L<layers>-s<seed>.json`` (valid bits per byte every 100 steps
-and at the end) atomically; a finished file is reused, so a list of runs can be re-run.
+and at the end) atomically; a finished file is reused (a damaged one is redone), so a list of runs
+can be re-run.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PLACEMENTS = ("pre", "post", "outnorm", "none")
+#: What a record must match to be reused (with the corpus' fingerprint).
+SETTINGS = ("placement", "start", "layers", "d_model", "heads", "d_ff", "seed")
 STARTS = ("scaled", "unscaled")
 
 
@@ -132,7 +134,7 @@ def valid_bpb(model: GPT, tokens: np.ndarray, starts: np.ndarray, context: int) 
 
 
 def train(args, corpus) -> dict:
-    """One run; returns its record (valid bits per byte every 100 steps and at the end)."""
+    """One run; returns its results (valid bits per byte every 100 steps and at the end)."""
     from autoln.data import eval_starts
 
     torch.manual_seed(args.seed)
@@ -165,42 +167,50 @@ def train(args, corpus) -> dict:
         if (step + 1) % 100 == 0:
             history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, 128)})
             print(f"{args.placement} {args.start} L{args.layers} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
-    return {"placement": args.placement, "start": args.start, "layers": args.layers, "d_model": args.d_model,
-            "heads": args.heads, "d_ff": args.d_ff, "seed": args.seed, "steps": steps,
-            "parameters": sum(p.numel() for p in model.parameters()),
+    return {"steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
             "valid_bits_per_byte": valid_bpb(model, valid, final_starts, 128), "history": history,
             "wall_time_s": round(time.time() - began, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from validate import positive_int
+
     from autoln.cli import OneLineParser, guarded
     from autoln.config import load_config
     from autoln.data import load_corpus
-    from autoln.io import write_json_atomic
+    from autoln.errors import ConfigError
+    from autoln.io import read_json, write_json_atomic
 
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="the corpus (data.corpus), e.g. the WikiText-2 folder")
     p.add_argument("--placement", choices=PLACEMENTS, required=True)
     p.add_argument("--start", choices=STARTS, default="scaled")
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--d-model", type=int, default=96)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=384)
+    p.add_argument("--layers", type=positive_int, default=6)
+    p.add_argument("--d-model", type=positive_int, default=96)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--d-ff", type=positive_int, default=384)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/reference")
     args = p.parse_args(argv)
+    if args.d_model % args.heads:
+        p.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
 
     def run() -> int:
         out = Path(args.out) / f"{args.placement}-{args.start}-L{args.layers}-s{args.seed}.json"
-        if out.exists():
-            record = json.loads(out.read_text())
+        corpus = load_corpus(load_config(None, [f"data.corpus={args.data}"]).data)
+        settings = {k: getattr(args, k) for k in SETTINGS} | {"data_fingerprint": corpus.fingerprint}
+        record = read_json(out)
+        if isinstance(record, dict) and isinstance(record.get("valid_bits_per_byte"), float):
+            other = [f"{k} {record[k]!r}, not {v!r}" for k, v in settings.items() if k in record and record[k] != v]
+            if other:
+                raise ConfigError(f"{out} holds a run of other settings ({'; '.join(other)}): choose another --out")
             print(f"{out}: reused, valid {record['valid_bits_per_byte']:.3f} bits per byte")
             return 0
-        corpus = load_corpus(load_config(None, [f"data.corpus={args.data}"]).data)
-        if corpus.tokenizer != "bytes":
-            p.error(f"--data {args.data}: the reference model reads byte tokens, got {corpus.tokenizer}")
-        record = train(args, corpus)
+        if out.exists():
+            print(f"{out}: not a finished run's record; training again")
+        record = settings | train(args, corpus)
         out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out, record)
         print(f"{out}: valid {record['valid_bits_per_byte']:.3f} bits per byte ({record['parameters']} parameters)")

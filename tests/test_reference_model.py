@@ -4,6 +4,7 @@ for each of its placements, and its own start matches autoln's documented one.""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -71,3 +72,14 @@ def test_the_reference_start_is_autoln_s_documented_one(start):
     assert q.std().item() == pytest.approx((2 / (2 * d)) ** 0.5, rel=0.02)
     assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
     np.testing.assert_array_equal(model.bias.detach().numpy(), unigram.astype(np.float32))
+
+
+def test_a_finished_record_is_reused_only_for_its_own_settings(tmp_path, capsys):
+    record = {"placement": "pre", "start": "scaled", "layers": 6, "d_model": 64, "heads": 4, "d_ff": 384, "seed": 0,
+              "valid_bits_per_byte": 2.5}
+    (tmp_path / "pre-scaled-L6-s0.json").write_text(json.dumps(record))
+    common = ["--data", "stdlib", "--placement", "pre", "--out", str(tmp_path)]
+    assert ref.main(common + ["--d-model", "64"]) == 0
+    assert "reused, valid 2.500" in capsys.readouterr().out
+    assert ref.main(common) == 2
+    assert "holds a run of other settings (d_model 64, not 96): choose another --out" in capsys.readouterr().err
