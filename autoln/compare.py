@@ -406,15 +406,17 @@ LINE_STYLES = ("-", "--", ":", "-.")
 
 def curves_figure(entries: list[Entry], headline: str):
     """Valid metric against step: per genotype the mean over seeds and a min-max band. Each
-    genotype has its own colour and line style (10 colours, then dashed, dotted, dash-dot); with
-    more than 10 genotypes the legend sits outside the axes, in columns of up to 20, so that it
-    covers no curve (a ground-truth comparison has 40)."""
+    genotype has its own colour and line style (10 colours, then dashed, dotted, dash-dot: 40
+    distinct lines, after which they repeat); with more than 10 genotypes the legend sits to the
+    right of the axes, in columns of up to 20, inside a figure widened to hold it (the PNG and
+    TensorBoard's image alike), so that it covers no curve (a ground-truth comparison has 40)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    columns = math.ceil(len(entries) / 20) if len(entries) > 10 else 0
+    fig, ax = plt.subplots(figsize=(6.5 + 2.2 * columns, 4.0 + 0.8 * bool(columns)), layout="constrained")
     for k, e in enumerate(entries):
         histories = _histories(e, headline)
         curve = mean_curve(e, headline)
@@ -432,9 +434,8 @@ def curves_figure(entries: list[Entry], headline: str):
     ax.set_ylabel(f"valid {headline}")
     ax.set_title("valid curves: mean over seeds, band = min-max", fontsize=9)
     ax.grid(alpha=0.3)
-    if len(entries) <= 10:
+    if columns:
+        fig.legend(fontsize=7, loc="outside right upper", ncol=columns)
+    else:
         ax.legend(fontsize=8)
-        fig.tight_layout()
-    else:  # outside the axes; the figure is saved with bbox_inches="tight", which keeps the legend
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, ncol=math.ceil(len(entries) / 20))
     return fig

@@ -4,14 +4,15 @@ When a named baseline loses badly (``all-none`` and ``all-outnorm`` in docs/resu
 script trains the same placement in a small GPT written here from scratch, in the style of
 nanoGPT's model.py, sharing no model, placement, init or training code with autoln (only the
 corpus reader, so that both see the same bytes, and the evaluation windows' positions). Same
-size, same start (docs/design.md §2, *A fair start*: embeddings ``N(0, 0.02)``, every linear
+size, same start (docs/search.md, *A fair start for every placement*: embeddings ``N(0, 0.02)``, every linear
 ``xavier_normal_``, the branch output projections times GPT-2's ``1/sqrt(2N)`` with
 ``--start scaled`` or not with ``unscaled``, a tied LM head with its bias at the training split's
 unigram log-probabilities), same recipe as ``retrain.py``'s defaults (AdamW, lr 2e-3, betas
 (0.9, 0.95), weight decay 0.1 on matrices, 50 warm-up steps, cosine to a tenth, clip 1.0,
-batch 16, context 128, 1000 steps) and the same 512 valid windows. Its batches are its own
-draw, so expect agreement within the seed-to-seed spread (about 0.02 bits per byte), not
-equality.
+batch 16, context 128, 1000 steps; :data:`RECIPE`, checked against autoln's defaults by
+tests/test_reference_model.py) and the same 512 valid windows. Its initial weights and batches
+are its own draws, so expect the same ordering and size of effect, within a few seeds' spread,
+not equal numbers.
 
 Placements (per sublayer, every block alike): ``pre`` ``x + F(LN(x))``, ``post`` ``LN(x + F(x))``,
 ``outnorm`` ``x + LN(F(x))``, ``none`` ``x + F(x)``; every model ends with a final LN.
@@ -37,6 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 PLACEMENTS = ("pre", "post", "outnorm", "none")
+#: The training recipe: ``retrain.py``'s defaults (autoln.config.RetrainConfig, ModelConfig.context).
+RECIPE = {"steps": 1000, "batch_size": 16, "context": 128, "lr": 2e-3, "betas": (0.9, 0.95), "weight_decay": 0.1,
+          "warmup_steps": 50, "min_lr_ratio": 0.1, "grad_clip": 1.0, "eval_windows": 64, "final_eval_windows": 512}
 #: What a record must match to be reused (with the corpus' fingerprint).
 SETTINGS = ("placement", "start", "layers", "d_model", "heads", "d_ff", "seed")
 STARTS = ("scaled", "unscaled")
@@ -133,6 +137,15 @@ def valid_bpb(model: GPT, tokens: np.ndarray, starts: np.ndarray, context: int) 
     return total / count / math.log(2)
 
 
+def lr_factor(step: int) -> float:
+    """Learning-rate multiplier at 0-based step ``step``: linear warm-up over ``warmup_steps``,
+    then cosine from 1 to ``min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017)."""
+    steps, warmup, floor = RECIPE["steps"], RECIPE["warmup_steps"], RECIPE["min_lr_ratio"]
+    if step < warmup:
+        return (step + 1) / warmup
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (steps - warmup))))
+
+
 def train(args, corpus) -> dict:
     """One run; returns its results (valid bits per byte every 100 steps and at the end)."""
     from autoln.data import eval_starts
@@ -140,35 +153,32 @@ def train(args, corpus) -> dict:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     train_tokens, valid = corpus.splits["train"], corpus.splits["valid"]
-    model = GPT(corpus.vocab_size, 128, args.layers, args.d_model, args.heads, args.d_ff, args.placement, args.start,
+    r, context = RECIPE, RECIPE["context"]
+    model = GPT(corpus.vocab_size, context, args.layers, args.d_model, args.heads, args.d_ff, args.placement, args.start,
                 corpus.unigram_log_probs())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=2e-3, betas=(0.9, 0.95))
-    steps, warmup = 1000, 50
-
-    def factor(s: int) -> float:
-        return (s + 1) / warmup if s < warmup else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    curve_starts, final_starts = eval_starts(len(valid), 128, 64), eval_starts(len(valid), 128, 512)
-    history, began = [], time.time()
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]}, {"params": rest, "weight_decay": 0.0}],
+                            lr=r["lr"], betas=r["betas"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    curve_starts = eval_starts(len(valid), context, r["eval_windows"])
+    final_starts = eval_starts(len(valid), context, r["final_eval_windows"])
+    history, began, steps = [], time.time(), r["steps"]
     for step in range(steps):
-        idx = rng.integers(0, len(train_tokens) - 129, size=16)[:, None] + np.arange(129)
+        idx = rng.integers(0, len(train_tokens) - context, size=r["batch_size"])[:, None] + np.arange(context + 1)
         block = torch.from_numpy(np.asarray(train_tokens[idx], dtype=np.int64))
         logits = model(block[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), r["grad_clip"])
         opt.step()
         sched.step()
         if (step + 1) % 100 == 0:
-            history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, 128)})
+            history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, context)})
             print(f"{args.placement} {args.start} L{args.layers} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
     return {"steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
-            "valid_bits_per_byte": valid_bpb(model, valid, final_starts, 128), "history": history,
+            "valid_bits_per_byte": valid_bpb(model, valid, final_starts, context), "history": history,
             "wall_time_s": round(time.time() - began, 1)}
 
 
@@ -196,14 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    if args.seed < 0:
+        p.error(f"--seed: expected a non-negative integer, got {args.seed}")
 
     def run() -> int:
         out = Path(args.out) / f"{args.placement}-{args.start}-L{args.layers}-s{args.seed}.json"
         corpus = load_corpus(load_config(None, [f"data.corpus={args.data}"]).data)
+        if corpus.tokenizer != "bytes":
+            raise ConfigError(f"--data {args.data}: the reference model reports bits per byte of byte tokens, "
+                              f"but this corpus reads as {corpus.tokenizer!r} tokens")
         settings = {k: getattr(args, k) for k in SETTINGS} | {"data_fingerprint": corpus.fingerprint}
         record = read_json(out)
         if isinstance(record, dict) and isinstance(record.get("valid_bits_per_byte"), float):
-            other = [f"{k} {record[k]!r}, not {v!r}" for k, v in settings.items() if k in record and record[k] != v]
+            other = [f"{k} {record.get(k)!r}, not {v!r}" for k, v in settings.items() if record.get(k) != v]
             if other:
                 raise ConfigError(f"{out} holds a run of other settings ({'; '.join(other)}): choose another --out")
             print(f"{out}: reused, valid {record['valid_bits_per_byte']:.3f} bits per byte")

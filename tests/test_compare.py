@@ -373,8 +373,9 @@ def test_the_curves_figure_gives_each_genotype_its_own_line_and_keeps_the_legend
     ax = fig.axes[0]
     styles = {(to_hex(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
     assert len(ax.get_lines()) == n and len(styles) == n  # 10 colours, then a new line style
-    legend = ax.get_legend()
+    legend = ax.get_legend() or fig.legends[0]
     assert [t.get_text() for t in legend.get_texts()] == [f"g{i:02d} (1 seed)" for i in range(n)]
-    fig.canvas.draw()
+    fig.canvas.draw()  # as TensorBoard's add_figure renders it: the plain figure, no bbox_inches="tight"
     outside = legend.get_window_extent().x0 >= ax.get_window_extent().x1
     assert outside == (n > 10)
+    assert legend.get_window_extent().x1 <= fig.bbox.x1 and legend.get_window_extent().y0 >= fig.bbox.y0

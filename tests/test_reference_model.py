@@ -57,29 +57,67 @@ def test_the_reference_model_computes_autoln_s_derived_model_with_its_weights(pl
 
 
 @pytest.mark.parametrize("start", ref.STARTS)
-def test_the_reference_start_is_autoln_s_documented_one(start):
+def test_the_reference_start_has_autoln_s_statistics_matrix_by_matrix(start):
+    cfg = ModelConfig(n_layers=24, d_model=64, n_heads=4, d_ff=256, context=128,
+                      residual_init="scaled" if start == "scaled" else "unscaled")
     torch.manual_seed(0)
-    layers, d, d_ff = 24, 64, 256
+    theirs = build_derived(cfg, V, [("pre", "pre")] * cfg.n_layers)
+    torch.manual_seed(1)
     unigram = np.log(np.full(V, 1.0 / V))
-    model = ref.GPT(V, 128, layers, d, 4, d_ff, "pre", start, unigram)
-    gain = (2 * layers) ** -0.5 if start == "scaled" else 1.0
-    projections = torch.cat([b[0].branch.proj.weight.flatten() for b in model.blocks])
-    fc2 = torch.cat([b[1].branch.proj.weight.flatten() for b in model.blocks])
-    # xavier_normal_: std sqrt(2 / (fan_in + fan_out)), times GPT-2's 1/sqrt(2N) when scaled
-    assert projections.std().item() == pytest.approx(gain * (2 / (2 * d)) ** 0.5, rel=0.02)
-    assert fc2.std().item() == pytest.approx(gain * (2 / (d + d_ff)) ** 0.5, rel=0.02)
-    q = torch.cat([b[0].branch.qkv.weight[:d].flatten() for b in model.blocks])
-    assert q.std().item() == pytest.approx((2 / (2 * d)) ** 0.5, rel=0.02)
-    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    model = ref.GPT(V, 128, cfg.n_layers, cfg.d_model, 4, cfg.d_ff, "pre", start, unigram)
+    d = cfg.d_model
+
+    def std(tensors) -> float:
+        return torch.cat([w.detach().flatten() for w in tensors]).std().item()
+
+    pairs = {  # reference matrices, autoln's, pooled over the 24 blocks
+        "q": ([b[0].branch.qkv.weight[:d] for b in model.blocks], [b.attn.q_proj.weight for b in theirs.blocks]),
+        "k": ([b[0].branch.qkv.weight[d:2 * d] for b in model.blocks], [b.attn.k_proj.weight for b in theirs.blocks]),
+        "v": ([b[0].branch.qkv.weight[2 * d:] for b in model.blocks], [b.attn.v_proj.weight for b in theirs.blocks]),
+        "o": ([b[0].branch.proj.weight for b in model.blocks], [b.attn.o_proj.weight for b in theirs.blocks]),
+        "fc1": ([b[1].branch.fc.weight for b in model.blocks], [b.ffn.fc1.weight for b in theirs.blocks]),
+        "fc2": ([b[1].branch.proj.weight for b in model.blocks], [b.ffn.fc2.weight for b in theirs.blocks]),
+        "wte": ([model.wte.weight], [theirs.tok_emb.weight]),
+        "wpe": ([model.wpe.weight], [theirs.pos_emb.weight]),
+    }
+    for name, (mine, autoln_s) in pairs.items():
+        assert std(mine) == pytest.approx(std(autoln_s), rel=0.03), name
+    # and the formula: xavier_normal_ std sqrt(2 / (fan_in + fan_out)), times 1/sqrt(2N) when scaled
+    gain = (2 * cfg.n_layers) ** -0.5 if start == "scaled" else 1.0
+    assert std(pairs["fc2"][0]) == pytest.approx(gain * (2 / (d + cfg.d_ff)) ** 0.5, rel=0.02)
     np.testing.assert_array_equal(model.bias.detach().numpy(), unigram.astype(np.float32))
 
 
+def test_the_reference_recipe_is_retrain_s_defaults():
+    from autoln.config import RetrainConfig
+    from autoln.training import lr_factor
+
+    r, cfg = ref.RECIPE, RetrainConfig()
+    for key in ("steps", "batch_size", "lr", "weight_decay", "warmup_steps", "min_lr_ratio", "grad_clip", "final_eval_windows"):
+        assert r[key] == getattr(cfg, key), key
+    assert r["betas"] == tuple(cfg.betas) and r["eval_windows"] == cfg.eval_windows and cfg.schedule == "cosine"
+    assert r["context"] == ModelConfig().context
+    for step in (0, 10, 49, 50, 51, 500, 998, 999):
+        assert ref.lr_factor(step) == pytest.approx(lr_factor(step, cfg), abs=1e-12), step
+
+
 def test_a_finished_record_is_reused_only_for_its_own_settings(tmp_path, capsys):
+    from autoln.config import load_config
+    from autoln.data import load_corpus
+
+    fingerprint = load_corpus(load_config(None, ["data.corpus=stdlib"]).data).fingerprint
     record = {"placement": "pre", "start": "scaled", "layers": 6, "d_model": 64, "heads": 4, "d_ff": 384, "seed": 0,
-              "valid_bits_per_byte": 2.5}
-    (tmp_path / "pre-scaled-L6-s0.json").write_text(json.dumps(record))
+              "data_fingerprint": fingerprint, "valid_bits_per_byte": 2.5}
+    path = tmp_path / "pre-scaled-L6-s0.json"
+    path.write_text(json.dumps(record))
     common = ["--data", "stdlib", "--placement", "pre", "--out", str(tmp_path)]
     assert ref.main(common + ["--d-model", "64"]) == 0
     assert "reused, valid 2.500" in capsys.readouterr().out
     assert ref.main(common) == 2
     assert "holds a run of other settings (d_model 64, not 96): choose another --out" in capsys.readouterr().err
+    path.write_text(json.dumps({**record, "data_fingerprint": "0" * 64}))  # another corpus
+    assert ref.main(common + ["--d-model", "64"]) == 2
+    assert f"data_fingerprint '{'0' * 64}', not '{fingerprint}'" in capsys.readouterr().err
+    path.write_text(json.dumps({k: v for k, v in record.items() if k != "data_fingerprint"}))  # corpus unknown
+    assert ref.main(common + ["--d-model", "64"]) == 2
+    assert "data_fingerprint None" in capsys.readouterr().err
