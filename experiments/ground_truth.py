@@ -15,7 +15,8 @@ so validate's search and retrains are reused and it reuses these):
    (:func:`autoln.fidelity.score_genotypes`), and Kendall's tau relates those scores to the
    retrained seed-0 valid losses (:func:`autoln.fidelity.kendall_tau`; Yu et al. 2020).
 
-The report, ``<out>/ground_truth.md`` and ``.json``, gives per setting the sample's quantiles, each
+The report, ``<out>/ground_truth.md`` and ``.json`` (over every setting measured so far; each
+setting's numbers are kept in ``<out>/<setting>/ground_truth.json``), gives per setting the sample's quantiles, each
 named baseline's and the searched genotype's percentile (the share of sampled genotypes whose
 seed-0 valid metric is worse), the best sampled genotype, the random-search baseline when
 ``experiments/random_search.py`` has finished in the same ``--out``, and Kendall's tau;
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import (SETTINGS, add_common_arguments, base_overrides, each_setting, parse_settings, positive_int,  # noqa: E402
+from validate import (SETTINGS, add_common_arguments, base_overrides, commands_line, each_setting, merge_saved, parse_settings, positive_int,  # noqa: E402
                       searched_genotype, setting_config, verdict)
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
@@ -178,6 +179,13 @@ def read_random_search(setting_dir: Path, compare: Path, headline: str) -> dict 
 WALL_TIME = "the search's wall time"
 
 
+def ordinal(value: float) -> str:
+    """``value`` rounded, with its English ordinal suffix: 93 -> ``93rd``, 11 -> ``11th``, 100 -> ``100th``."""
+    n = round(value)
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def fmt(mean, std=None) -> str:
     """``mean ± std`` at 3 decimals (``-`` when missing)."""
     if mean is None:
@@ -222,7 +230,7 @@ def setting_markdown(r: dict) -> str:
         bar = "Against the issue's bar: every seed of the searched genotype diverged, so it lies below the whole sample."
     else:
         bar = (f"Against the issue's bar: the searched genotype's mean over {len(s['valid'])} seeds lies at the "
-               f"**{s['percentile_mean']:.0f}th** percentile of the sample (target: at least the 90th)")
+               f"**{ordinal(s['percentile_mean'])}** percentile of the sample (target: at least the 90th)")
         if rs and rs["valid"]:
             bar += (f"; against random search it **{verdict(s['valid'], rs['valid']).replace('loses', 'loses to', 1)}** it "
                     f"(means {fmt(s['mean'])} vs {fmt(rs['mean'])}; within the larger standard deviation counts as matching).")
@@ -292,13 +300,14 @@ def main(argv=None) -> int:
             if samples[n] > space:
                 raise ConfigError(f"--samples {n}={samples[n]}: the {n} setting's space holds {space} genotypes "
                                   f"({len(cfg.model.searched_candidates())} candidates, {cfg.model.n_layers} blocks)")
-        results = each_setting(args, "ground_truth.py", lambda n, overrides, out: run_setting(
+        fresh = each_setting(args, "ground_truth.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed, args.score_windows, out,
             baselines, args.workers))
         out = Path(args.out)
-        cmd = " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python experiments/ground_truth.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        results = merge_saved(out, "ground_truth", fresh, command)
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
-                  f"Command: `python experiments/ground_truth.py {cmd}`. Percentile: the share of the random sample "
+                  f"{commands_line(results)}. Percentile: the share of the random sample "
                   "whose seed-0 valid metric is worse (higher); the searched genotype's is given for its seed-0 run and "
                   "for its mean over seeds.\n\n" + "\n".join(setting_markdown(r) for r in results))
         write_text_atomic(out / "ground_truth.md", report)

@@ -17,10 +17,13 @@ retrain budget in the setting's comparison folder:
 The rule, fixed before any result (docs/results.md): a read-off replaces perturbation only if,
 retrained at 3 seeds, its genotype beats the default's by more than one standard deviation
 (the larger of the two) in the shallow or the deep setting and loses by more than one in
-neither; ``score`` is eligible only if Kendall's tau (``<out>/ground_truth.json``, from
+neither; ``score`` is eligible only if Kendall's tau (``<out>/<setting>/ground_truth.json``, from
 ``experiments/ground_truth.py`` with the same ``--out``) is at least 0.5 in both settings (the
 default reads off every setting). Several qualifying: the lowest mean over the two settings.
-Without both settings, 3 finished seeds of every genotype and both taus, nothing is decided. It writes ``<out>/read_off.md`` and ``<out>/read_off.json``.
+Without both settings, 3 finished seeds of every genotype and both taus, nothing is decided. It
+writes ``<out>/read_off.md`` and ``<out>/read_off.json`` over every setting measured so far (each
+setting's numbers are kept in ``<out>/<setting>/read_off.json``, so calls split by ``--settings``
+add up and the rule can decide once both have run).
 
     python experiments/read_off.py --data WIKITEXT_FOLDER [--settings shallow,deep] [--seeds 3] [--out runs/validate]
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from selection_variants import reselect  # noqa: E402
-from validate import add_common_arguments, each_setting, positive_int, searched_genotype, setting_config, verdict  # noqa: E402
+from validate import add_common_arguments, commands_line, each_setting, merge_saved, positive_int, searched_genotype, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.io import read_json, write_json_atomic, write_text_atomic  # noqa: E402
@@ -84,9 +87,8 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
                    "mean": statistics.mean(runs) if runs else None, "std": statistics.stdev(runs) if len(runs) > 1 else None}
     for r in READ_OFFS[1:]:
         rows[r]["vs_perturbation"] = against(rows[r]["valid"], rows["perturbation"]["valid"])
-    gt = read_json(out / "ground_truth.json")
-    tau = next((s["fidelity"]["kendall_tau"] for s in gt if isinstance(s, dict) and s.get("setting") == name), None) \
-        if isinstance(gt, list) else None
+    gt = read_json(out / name / "ground_truth.json")  # the setting's own, kept by ground_truth.py
+    tau = gt.get("fidelity", {}).get("kendall_tau") if isinstance(gt, dict) and gt.get("setting") == name else None
     return {"setting": name, "headline": headline, "rows": rows, "kendall_tau": tau}
 
 
@@ -151,12 +153,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        results = each_setting(args, "read_off.py", lambda n, overrides, out: run_setting(
+        fresh = each_setting(args, "read_off.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, args.seeds, out, args.workers))
         out = Path(args.out)
+        command = "python experiments/read_off.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        results = merge_saved(out, "read_off", fresh, command)
         choice, reason = decide(results)
         report = ("# Reading off the genotype: perturbation, score, argmax, fixed alphas\n\n"
-                  f"Command: `python experiments/read_off.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                  f"{commands_line(results)}\n\n"
                   + "\n".join(markdown(r) for r in results)
                   + f"\nThe rule's answer: **{choice}** ({reason}).\n")
         write_text_atomic(out / "read_off.md", report)

@@ -10,7 +10,8 @@ rather than run again. A seed's answer counts as *stable* when its retrained mea
 one standard deviation (the larger of the two genotypes') of the consensus genotype's mean, the rule
 ``experiments/validate.py`` uses for "matches"; a seed whose genotype is the consensus is stable
 by definition. The per-site agreement and the vote table are reported beside it as information.
-It writes ``<out>/stability.md`` and ``<out>/stability.json``.
+It writes ``<out>/stability.md`` and ``<out>/stability.json`` over every setting measured so far
+(each setting's numbers are kept in ``<out>/<setting>/stability.json``).
 
     python experiments/stability.py --data WIKITEXT_FOLDER [--settings shallow,deep] [--seeds 3]
         [--retrain-seeds 3] [--out runs/validate]
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import add_common_arguments, each_setting, positive_int, setting_config, verdict  # noqa: E402
+from validate import add_common_arguments, commands_line, each_setting, merge_saved, positive_int, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
@@ -133,11 +134,13 @@ def main(argv=None) -> int:
 
         if args.seeds < 2:
             raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {args.seeds}")
-        results = each_setting(args, "stability.py", lambda n, overrides, out: run_setting(
+        fresh = each_setting(args, "stability.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
         out = Path(args.out)
+        command = "python experiments/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        results = merge_saved(out, "stability", fresh, command)
         report = ("# Stability: the seeds' answers against their consensus\n\n"
-                  f"Command: `python experiments/stability.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                  f"{commands_line(results)}\n\n"
                   + "\n".join(markdown(r) for r in results))
         write_text_atomic(out / "stability.md", report)
         write_json_atomic(out / "stability.json", results)

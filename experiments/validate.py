@@ -15,9 +15,11 @@ A setting's verdict compares the searched genotype's mean valid metric over the 
 best named baseline's: ``beats`` (lower by more than the larger of the two standard deviations),
 ``matches`` (within it) or ``loses``. Every run is an ordinary run folder under
 ``<out>/<setting>/`` (``search/``, ``compare/<label>/seed<i>``); finished runs are reused, so the
-script can be re-run after an interruption or split with ``--settings``. The report is
-``<out>/report.md`` (one table per setting: mean ± std of valid and test metric, diverged runs),
-``<out>/report.json`` and ``<out>/curves.png`` (valid curves, one panel per setting).
+script can be re-run after an interruption or split with ``--settings``. Each setting's numbers
+are kept in ``<out>/<setting>/validate.json``; the report covers every setting measured so far
+(calls split by ``--settings`` add up): ``<out>/report.md`` (one table per setting: mean ± std of
+valid and test metric, diverged runs), ``<out>/report.json`` and ``<out>/curves.png`` (valid
+curves, one panel per setting).
 
     python experiments/validate.py [--data WIKITEXT_FOLDER] [--config FILE] [--set KEY=VALUE ...]
         [--settings shallow,deep,highlr] [--seeds 3] [--out runs/validate] [--overwrite]
@@ -33,7 +35,7 @@ from pathlib import Path
 from autoln.cli import OneLineParser, guarded
 from autoln.locks import FolderLock
 from autoln.config import load_config
-from autoln.io import save_figure_atomic, write_text_atomic
+from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
 
 #: Settings by name: the ``--set`` overrides that define them (applied to search and retrain).
 SETTINGS = {
@@ -118,6 +120,35 @@ def each_setting(args, script: str, run) -> list[dict]:
     return results
 
 
+def merge_saved(out: Path, name: str, results: list[dict], command: str) -> list[dict]:
+    """Save each of this call's per-setting ``results`` (JSON-able dicts with a ``setting`` key)
+    as ``<out>/<setting>/<name>.json``, with ``command`` (the call that made it) added, and
+    return them merged with every other setting's saved one, in :data:`SETTINGS` order. An
+    experiment's report covers the result, so calls split by ``--settings`` (each setting its own
+    folder and lock, so they may run at once) add up instead of overwriting each other's report.
+    A damaged saved file is left out (re-run its setting to redo it).
+
+    Raises:
+        OSError: a file cannot be written."""
+    fresh = {r["setting"]: {**r, "command": command} for r in results}
+    for setting, r in fresh.items():
+        write_json_atomic(out / setting / f"{name}.json", r)
+    merged = []
+    for setting in SETTINGS:
+        saved = fresh.get(setting) or read_json(out / setting / f"{name}.json")
+        if isinstance(saved, dict) and saved.get("setting") == setting:
+            merged.append(saved)
+    return merged
+
+
+def commands_line(results: list[dict]) -> str:
+    """``Command: `...` `` for a report whose settings one call made, else one per setting."""
+    commands = list(dict.fromkeys(r["command"] for r in results))
+    if len(commands) == 1:
+        return f"Command: `{commands[0]}`"
+    return "Commands: " + "; ".join(f"`{c}` ({', '.join(r['setting'] for r in results if r['command'] == c)})" for c in commands)
+
+
 def setting_config(name: str, overrides: list[str], config: str | None):
     """The config of setting ``name``: ``config`` (or the defaults), ``overrides``, then the
     setting's own overrides (:data:`SETTINGS`). Raises ConfigError as :func:`load_config`."""
@@ -153,6 +184,8 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
     cfg = setting_config(name, overrides, config)
     genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
+    from autoln.compare import mean_curve
+
     entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite, workers)
     headline = HEADLINE[cfg.data.tokenizer]
     rows = []
@@ -167,17 +200,18 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
             "search_wall_time_s": genotype.provenance.get("metrics", {}).get("wall_time_s"),
             "rows": rows, "best_baseline": best["label"], "verdict": verdict(searched["valid"], best["valid"]),
             "retrain": {"steps": cfg.retrain.steps, "lr": cfg.retrain.lr, "warmup_steps": cfg.retrain.warmup_steps},
-            "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model}, "entries": entries}
+            "model": {"n_layers": cfg.model.n_layers, "d_model": cfg.model.d_model}, "seeds": seeds,
+            "curves": [{"label": row["label"], "points": mean_curve(e, headline)} for row, e in zip(rows, entries)]}
 
 
-def setting_markdown(r: dict, seeds: int) -> str:
+def setting_markdown(r: dict) -> str:
     """One setting's section: settings line, table ranked by valid mean, verdict."""
     from autoln.compare import mean_std
 
     ranked = sorted(r["rows"], key=lambda row: statistics.mean(row["valid"]) if row["valid"] else float("inf"))
     lines = [f"## {r['setting']}", "",
              f"{r['model']['n_layers']} blocks of width {r['model']['d_model']}; retrain {r['retrain']['steps']} steps, "
-             f"lr {r['retrain']['lr']}, {r['retrain']['warmup_steps']} warm-up steps; {seeds} seed{'s' if seeds != 1 else ''}; overrides "
+             f"lr {r['retrain']['lr']}, {r['retrain']['warmup_steps']} warm-up steps; {r['seeds']} seed{'s' if r['seeds'] != 1 else ''}; overrides "
              f"`{' '.join(r['overrides']) or '(none)'}`. Searched genotype: `{r['genotype']}` "
              f"(search {r['search_wall_time_s']} s).", "",
              f"| genotype | placements | valid {r['headline']} | test {r['headline']} | diverged |", "|---|---|---|---|---|"]
@@ -198,15 +232,12 @@ def curves(results: list[dict]):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from autoln.compare import mean_curve
-
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 3.8), squeeze=False)
     for ax, r in zip(axes[0], results):
-        for k, e in enumerate(r["entries"]):
-            curve = mean_curve(e, r["headline"])
-            if curve:
-                label = "searched" if k == 0 else e.label
-                ax.plot([s for s, _ in curve], [v for _, v in curve], color=f"C{k % 10}", lw=2.2 if k == 0 else 1.2, label=label)
+        for k, c in enumerate(r["curves"]):
+            if c["points"]:
+                ax.plot([s for s, _ in c["points"]], [v for _, v in c["points"]], color=f"C{k % 10}", lw=2.2 if k == 0 else 1.2,
+                        label=c["label"])
         ax.set(title=r["setting"], xlabel="step", ylabel=f"valid {r['headline']}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -222,19 +253,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        results = each_setting(args, "validate.py", lambda name, overrides, out: run_setting(
+        fresh = each_setting(args, "validate.py", lambda name, overrides, out: run_setting(
             name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
         overrides, out = base_overrides(args), Path(args.out)
+        command = "python experiments/validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        results = merge_saved(out, "validate", fresh, command)
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
-        report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). Command: "
-                  f"`python experiments/validate.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
-                  f"Mean ± std over {args.seeds} seed{'s' if args.seeds != 1 else ''} of the final valid and test metric (lower is better); 'matches' = "
+        report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). "
+                  f"{commands_line(results)}\n\n"
+                  f"Mean ± std over each setting's seeds of the final valid and test metric (lower is better); 'matches' = "
                   f"within the larger standard deviation. The searched genotype matches or beats the best named baseline "
-                  f"in **{wins} of {len(results)}** settings.\n\n" + "\n".join(setting_markdown(r, args.seeds) for r in results))
+                  f"in **{wins} of {len(results)}** settings.\n\n" + "\n".join(setting_markdown(r) for r in results))
         write_text_atomic(out / "report.md", report)
-        plain = [{k: v for k, v in r.items() if k != "entries"} for r in results]
-        write_text_atomic(out / "report.json", json.dumps(plain, indent=2) + "\n")
+        write_text_atomic(out / "report.json", json.dumps(results, indent=2) + "\n")
         fig = curves(results)
         save_figure_atomic(fig, out / "curves.png")
         print(report + f"\nwrote {out / 'report.md'}, {out / 'report.json'}, {out / 'curves.png'}")

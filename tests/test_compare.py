@@ -170,6 +170,9 @@ def test_validation_script_reports_each_setting_against_every_baseline(tmp_path,
     assert r["verdict"] in ("beats", "matches", "loses") and r["best_baseline"] in BASELINES
     assert f"**{r['verdict'].replace('loses', 'loses to', 1)}**" in proc.stdout and "| **searched** |" in (out / "report.md").read_text()
     assert (out / "curves.png").read_bytes()[:8] == PNG
+    assert json.loads((out / "highlr" / "validate.json").read_text()) == r  # what a later call's report merges
+    assert r["command"].startswith("python experiments/validate.py --config ") and f"Command: `{r['command']}`" in proc.stdout
+    assert [c["label"] for c in r["curves"]] == labels and [s for s, _ in r["curves"][0]["points"]] == [3, 6]
 
 
 @pytest.mark.parametrize("searched, best, want", [
@@ -379,3 +382,31 @@ def test_the_curves_figure_gives_each_genotype_its_own_line_and_keeps_the_legend
     outside = legend.get_window_extent().x0 >= ax.get_window_extent().x1
     assert outside == (n > 10)
     assert legend.get_window_extent().x1 <= fig.bbox.x1 and legend.get_window_extent().y0 >= fig.bbox.y0
+
+
+def test_reports_of_calls_split_by_settings_add_up(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from validate import commands_line, merge_saved
+
+    out = tmp_path
+    first = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.4}], "python experiments/ground_truth.py --settings deep")
+    assert first == [{"setting": "deep", "tau": 0.4, "command": "python experiments/ground_truth.py --settings deep"}]
+    (out / "highlr").mkdir()
+    (out / "highlr" / "ground_truth.json").write_text("{cut sho")  # damaged: left out
+    merged = merge_saved(out, "ground_truth", [{"setting": "shallow", "tau": 0.6}], "python experiments/ground_truth.py --settings shallow")
+    assert [(r["setting"], r["tau"]) for r in merged] == [("shallow", 0.6), ("deep", 0.4)]  # SETTINGS order, not call order
+    assert json.loads((out / "shallow" / "ground_truth.json").read_text())["tau"] == 0.6
+    assert commands_line(merged) == ("Commands: `python experiments/ground_truth.py --settings shallow` (shallow); "
+                                     "`python experiments/ground_truth.py --settings deep` (deep)")
+    again = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.5}], "python experiments/ground_truth.py")
+    assert [(r["setting"], r["tau"]) for r in again] == [("shallow", 0.6), ("deep", 0.5)]  # a setting's new result replaces its old
+    assert commands_line([again[1]]) == "Command: `python experiments/ground_truth.py`"
+
+
+@pytest.mark.parametrize("value, text", [(93.3, "93rd"), (90, "90th"), (91, "91st"), (92.4, "92nd"), (11, "11th"),
+                                         (12, "12th"), (13, "13th"), (100, "100th"), (0, "0th"), (101, "101st")])
+def test_percentiles_read_as_english_ordinals(value, text):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from ground_truth import ordinal
+
+    assert ordinal(value) == text

@@ -161,6 +161,7 @@ def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, ca
     assert result["placements"] in [r["placements"] for r in result["history"][-1]]
     assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
     r = json.loads((out / "ground_truth.json").read_text())[0]
+    assert json.loads((out / "shallow" / "ground_truth.json").read_text()) == r  # kept per setting, for read_off and later calls
     seed0 = r["fidelity"]["retrained_seed0"]
     assert len(seed0) == 4 and len(r["fidelity"]["supernet_loss"]) == 4 and -1.0 <= r["fidelity"]["kendall_tau"] <= 1.0
     assert r["quantiles"]["q0"] == min(seed0) and r["quantiles"]["q100"] == max(seed0)
@@ -326,6 +327,16 @@ def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, c
     assert json.loads((out / "shallow" / "read_off" / "score" / "genotype.json").read_text())["provenance"]["config"]["search"]["selection"] == "score"
     for label in ("search", "score", "argmax", "fixed-alpha"):
         assert (out / "shallow" / "compare" / label / "seed1" / "metrics.json").exists()
+    assert report["settings"][0]["kendall_tau"] is None  # no ground truth yet
+    # the setting's tau comes from its own ground_truth.json; the deep setting, from a call of its own, adds up
+    (out / "shallow" / "ground_truth.json").write_text(json.dumps({"setting": "shallow", "fidelity": {"kendall_tau": 0.7}}))
+    deep = {**report["settings"][0], "setting": "deep", "kendall_tau": 0.6, "command": "python experiments/read_off.py --settings deep"}
+    (out / "deep").mkdir()
+    (out / "deep" / "read_off.json").write_text(json.dumps(deep))
+    assert _script("read_off").main(args) == 0
+    report = json.loads((out / "read_off.json").read_text())
+    assert [(s["setting"], s["kendall_tau"]) for s in report["settings"]] == [("shallow", 0.7), ("deep", 0.6)]
+    assert report["reason"].startswith("undecided: the rule needs 3 finished seeds")  # both settings now; 2 seeds each
     # a read-off is reused only for the search it was read off: after a new search, it is redone
     rd, search, argmax = _script("read_off"), out / "shallow" / "search", out / "shallow" / "read_off" / "argmax"
     stamp = (argmax / "genotype.json").stat().st_mtime_ns
