@@ -49,9 +49,19 @@ def _launch(args: list[str], cache: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": cache, "OMP_NUM_THREADS": "1"})
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def _wait_for_lock(folder: Path, proc: subprocess.Popen) -> None:
+    """Until ``proc`` holds ``folder``'s lock: its line is in the lock file, written after the
+    ``flock`` (the file itself exists a moment before it, and a process stopped in that moment
+    holds nothing)."""
     deadline = time.time() + 120
-    while not (folder / LOCK_FILE).exists():
+    while f"process {proc.pid} " not in _read(folder / LOCK_FILE):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         assert time.time() < deadline
         time.sleep(0.05)
