@@ -304,8 +304,7 @@ def main(argv=None) -> int:
             n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed, args.score_windows, out,
             baselines, args.workers))
         out = Path(args.out)
-        command = "python experiments/ground_truth.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        results = merge_saved(out, "ground_truth", fresh, command)
+        results = merge_saved(out, "ground_truth", fresh, argv)
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
                   f"{commands_line(results)}. Percentile: the share of the random sample "
                   "whose seed-0 valid metric is worse (higher); the searched genotype's is given for its seed-0 run and "

@@ -156,8 +156,7 @@ def main(argv=None) -> int:
         fresh = each_setting(args, "read_off.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, args.seeds, out, args.workers))
         out = Path(args.out)
-        command = "python experiments/read_off.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        results = merge_saved(out, "read_off", fresh, command)
+        results = merge_saved(out, "read_off", fresh, argv)
         choice, reason = decide(results)
         report = ("# Reading off the genotype: perturbation, score, argmax, fixed alphas\n\n"
                   f"{commands_line(results)}\n\n"

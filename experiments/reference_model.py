@@ -123,16 +123,17 @@ class GPT(nn.Module):
 
 
 def valid_bpb(model: GPT, tokens: np.ndarray, starts: np.ndarray, context: int) -> float:
-    """Mean cross-entropy over the windows at ``starts``, in bits per byte (byte tokens)."""
+    """Mean cross-entropy over the windows at ``starts`` (``context + 1`` tokens each), in bits per
+    byte (byte tokens: nats / ln 2)."""
+    from autoln.data import eval_batches
+
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
-        for i in range(0, len(starts), 64):
-            idx = np.asarray(starts[i:i + 64])[:, None] + np.arange(context + 1)
-            block = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
-            logits = model(block[:, :-1])
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1), reduction="sum").item()
-            count += block[:, 1:].numel()
+        for x, y in eval_batches(tokens, starts, context, 64):
+            logits = model(x)
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
+            count += y.numel()
     model.train()
     return total / count / math.log(2)
 
@@ -148,7 +149,7 @@ def lr_factor(step: int) -> float:
 
 def train(args, corpus) -> dict:
     """One run; returns its results (valid bits per byte every 100 steps and at the end)."""
-    from autoln.data import eval_starts
+    from autoln.data import eval_starts, windows
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -165,10 +166,8 @@ def train(args, corpus) -> dict:
     final_starts = eval_starts(len(valid), context, r["final_eval_windows"])
     history, began, steps = [], time.time(), r["steps"]
     for step in range(steps):
-        idx = rng.integers(0, len(train_tokens) - context, size=r["batch_size"])[:, None] + np.arange(context + 1)
-        block = torch.from_numpy(np.asarray(train_tokens[idx], dtype=np.int64))
-        logits = model(block[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1))
+        x, y = windows(train_tokens, rng.integers(0, len(train_tokens) - context, size=r["batch_size"]), context)
+        loss = F.cross_entropy(model(x).reshape(-1, model.wte.num_embeddings), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), r["grad_clip"])

@@ -137,8 +137,7 @@ def main(argv=None) -> int:
         fresh = each_setting(args, "stability.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
         out = Path(args.out)
-        command = "python experiments/stability.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        results = merge_saved(out, "stability", fresh, command)
+        results = merge_saved(out, "stability", fresh, argv)
         report = ("# Stability: the seeds' answers against their consensus\n\n"
                   f"{commands_line(results)}\n\n"
                   + "\n".join(markdown(r) for r in results))

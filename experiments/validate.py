@@ -120,9 +120,10 @@ def each_setting(args, script: str, run) -> list[dict]:
     return results
 
 
-def merge_saved(out: Path, name: str, results: list[dict], command: str) -> list[dict]:
+def merge_saved(out: Path, name: str, results: list[dict], argv: list[str] | None) -> list[dict]:
     """Save each of this call's per-setting ``results`` (JSON-able dicts with a ``setting`` key)
-    as ``<out>/<setting>/<name>.json``, with ``command`` (the call that made it) added, and
+    as ``<out>/<setting>/<name>.json``, with ``command`` added (``python experiments/<name>.py``
+    and ``argv``, or ``sys.argv[1:]`` when None: the call that made it), and
     return them merged with every other setting's saved one, in :data:`SETTINGS` order. An
     experiment's report covers the result, so calls split by ``--settings`` (each setting its own
     folder and lock, so they may run at once) add up instead of overwriting each other's report.
@@ -130,6 +131,7 @@ def merge_saved(out: Path, name: str, results: list[dict], command: str) -> list
 
     Raises:
         OSError: a file cannot be written."""
+    command = " ".join(["python", f"experiments/{name}.py", *(argv if argv is not None else sys.argv[1:])])
     fresh = {r["setting"]: {**r, "command": command} for r in results}
     for setting, r in fresh.items():
         write_json_atomic(out / setting / f"{name}.json", r)
@@ -177,15 +179,13 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
     ``overwrite``, which redoes them). ``workers``: retrains at once."""
-    from autoln.compare import run_compare
+    from autoln.compare import mean_curve, run_compare
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
 
     cfg = setting_config(name, overrides, config)
     genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
-    from autoln.compare import mean_curve
-
     entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite, workers)
     headline = HEADLINE[cfg.data.tokenizer]
     rows = []
@@ -256,8 +256,7 @@ def main(argv=None) -> int:
         fresh = each_setting(args, "validate.py", lambda name, overrides, out: run_setting(
             name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
         overrides, out = base_overrides(args), Path(args.out)
-        command = "python experiments/validate.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        results = merge_saved(out, "validate", fresh, command)
+        results = merge_saved(out, "validate", fresh, argv)
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)
         cfg = load_config(args.config, overrides)
         report = (f"# Searched genotype vs named baselines\n\nData: {cfg.data.corpus} ({cfg.data.tokenizer}). "

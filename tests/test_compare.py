@@ -389,16 +389,16 @@ def test_reports_of_calls_split_by_settings_add_up(tmp_path):
     from validate import commands_line, merge_saved
 
     out = tmp_path
-    first = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.4}], "python experiments/ground_truth.py --settings deep")
+    first = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.4}], ["--settings", "deep"])
     assert first == [{"setting": "deep", "tau": 0.4, "command": "python experiments/ground_truth.py --settings deep"}]
     (out / "highlr").mkdir()
     (out / "highlr" / "ground_truth.json").write_text("{cut sho")  # damaged: left out
-    merged = merge_saved(out, "ground_truth", [{"setting": "shallow", "tau": 0.6}], "python experiments/ground_truth.py --settings shallow")
+    merged = merge_saved(out, "ground_truth", [{"setting": "shallow", "tau": 0.6}], ["--settings", "shallow"])
     assert [(r["setting"], r["tau"]) for r in merged] == [("shallow", 0.6), ("deep", 0.4)]  # SETTINGS order, not call order
     assert json.loads((out / "shallow" / "ground_truth.json").read_text())["tau"] == 0.6
     assert commands_line(merged) == ("Commands: `python experiments/ground_truth.py --settings shallow` (shallow); "
                                      "`python experiments/ground_truth.py --settings deep` (deep)")
-    again = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.5}], "python experiments/ground_truth.py")
+    again = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.5}], [])
     assert [(r["setting"], r["tau"]) for r in again] == [("shallow", 0.6), ("deep", 0.5)]  # a setting's new result replaces its old
     assert commands_line([again[1]]) == "Command: `python experiments/ground_truth.py`"
 
