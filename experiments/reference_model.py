@@ -14,15 +14,20 @@ tests/test_reference_model.py) and the same 512 valid windows. Its initial weigh
 are its own draws, so expect the same ordering and size of effect, within a few seeds' spread,
 not equal numbers.
 
-Placements (per sublayer, every block alike): ``pre`` ``x + F(LN(x))``, ``post`` ``LN(x + F(x))``,
-``outnorm`` ``x + LN(F(x))``, ``none`` ``x + F(x)``; every model ends with a final LN.
+Placements (per sublayer): ``pre`` ``x + F(LN(x))``, ``post`` ``LN(x + F(x))``,
+``outnorm`` ``x + LN(F(x))``, ``none`` ``x + F(x)``; every model ends with a final LN. ``--placement``
+takes one for every block, or one per block, comma-separated (``pre,pre,pre,post,post,post`` is
+``pre-post`` at 6 blocks). ``--lr`` and ``--warmup-steps`` replace the recipe's two values, for
+``experiments/validate.py``'s ``highlr`` setting (lr 3e-3, no warm-up).
 
     python experiments/reference_model.py --data WIKITEXT_FOLDER --placement none [--start scaled]
-        [--layers 6 --d-model 96 --heads 4 --d-ff 384] [--seed 0] [--out runs/reference]
+        [--layers 6 --d-model 96 --heads 4 --d-ff 384] [--lr 2e-3 --warmup-steps 50] [--seed 0]
+        [--out runs/reference]
 
-Writes ``<out>/<placement>-<start>-L<layers>-s<seed>.json`` (valid bits per byte every 100 steps
-and at the end) atomically; a finished file is reused (a damaged one is redone), so a list of runs
-can be re-run.
+Writes ``<out>/<placements>-<start>-L<layers>[-lr<lr>-w<warmup>]-s<seed>.json`` (valid bits per
+byte every 100 steps and at the end; per-block placements run-length coded, ``pre3.post3``; the
+lr part only away from the recipe's) atomically; a finished file is reused (a damaged one is
+redone), so a list of runs can be re-run.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ PLACEMENTS = ("pre", "post", "outnorm", "none")
 RECIPE = {"steps": 1000, "batch_size": 16, "context": 128, "lr": 2e-3, "betas": (0.9, 0.95), "weight_decay": 0.1,
           "warmup_steps": 50, "min_lr_ratio": 0.1, "grad_clip": 1.0, "eval_windows": 64, "final_eval_windows": 512}
 #: What a record must match to be reused (with the corpus' fingerprint).
-SETTINGS = ("placement", "start", "layers", "d_model", "heads", "d_ff", "seed")
+SETTINGS = ("placement", "start", "layers", "d_model", "heads", "d_ff", "seed", "lr", "warmup_steps")
 STARTS = ("scaled", "unscaled")
 
 
@@ -90,15 +95,20 @@ class Sublayer(nn.Module):
 
 class GPT(nn.Module):
     """Token + position embeddings, ``layers`` blocks of (attention, MLP) sublayers, a final LN,
-    an LM head tied to the token embedding with a bias. ``(B, T)`` ids -> ``(B, T, vocab)`` logits."""
+    an LM head tied to the token embedding with a bias. ``(B, T)`` ids -> ``(B, T, vocab)`` logits.
+    ``placement``: one for every block or a list of one per block. Raises ValueError for a list of
+    another length."""
 
-    def __init__(self, vocab: int, context: int, layers: int, d: int, heads: int, d_ff: int, placement: str,
+    def __init__(self, vocab: int, context: int, layers: int, d: int, heads: int, d_ff: int, placement: str | list[str],
                  start: str, unigram: np.ndarray) -> None:
         super().__init__()
+        per_block = [placement] * layers if isinstance(placement, str) else list(placement)
+        if len(per_block) != layers:
+            raise ValueError(f"placement: expected 1 or {layers} placements, got {len(per_block)}")
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
         self.blocks = nn.ModuleList(
-            nn.Sequential(Sublayer(placement, Branch("attn", d, heads, d_ff), d), Sublayer(placement, Branch("mlp", d, heads, d_ff), d))
-            for _ in range(layers))
+            nn.Sequential(Sublayer(p, Branch("attn", d, heads, d_ff), d), Sublayer(p, Branch("mlp", d, heads, d_ff), d))
+            for p in per_block)
         self.ln_f = nn.LayerNorm(d)
         self.bias = nn.Parameter(torch.tensor(unigram, dtype=torch.float32))
         with torch.no_grad():
@@ -138,10 +148,10 @@ def valid_bpb(model: GPT, tokens: np.ndarray, starts: np.ndarray, context: int) 
     return total / count / math.log(2)
 
 
-def lr_factor(step: int) -> float:
-    """Learning-rate multiplier at 0-based step ``step``: linear warm-up over ``warmup_steps``,
-    then cosine from 1 to ``min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017)."""
-    steps, warmup, floor = RECIPE["steps"], RECIPE["warmup_steps"], RECIPE["min_lr_ratio"]
+def lr_factor(step: int, warmup: int = RECIPE["warmup_steps"]) -> float:
+    """Learning-rate multiplier at 0-based step ``step``: linear warm-up over ``warmup`` steps (none
+    when 0), then cosine from 1 to ``min_lr_ratio`` at ``steps`` (Loshchilov & Hutter 2017)."""
+    steps, floor = RECIPE["steps"], RECIPE["min_lr_ratio"]
     if step < warmup:
         return (step + 1) / warmup
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (steps - warmup))))
@@ -155,13 +165,13 @@ def train(args, corpus) -> dict:
     rng = np.random.default_rng(args.seed)
     train_tokens, valid = corpus.splits["train"], corpus.splits["valid"]
     r, context = RECIPE, RECIPE["context"]
-    model = GPT(corpus.vocab_size, context, args.layers, args.d_model, args.heads, args.d_ff, args.placement, args.start,
-                corpus.unigram_log_probs())
+    model = GPT(corpus.vocab_size, context, args.layers, args.d_model, args.heads, args.d_ff, args.placement.split(","),
+                args.start, corpus.unigram_log_probs())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]}, {"params": rest, "weight_decay": 0.0}],
-                            lr=r["lr"], betas=r["betas"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+                            lr=args.lr, betas=r["betas"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, args.warmup_steps))
     curve_starts = eval_starts(len(valid), context, r["eval_windows"])
     final_starts = eval_starts(len(valid), context, r["final_eval_windows"])
     history, began, steps = [], time.time(), r["steps"]
@@ -175,10 +185,33 @@ def train(args, corpus) -> dict:
         sched.step()
         if (step + 1) % 100 == 0:
             history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, context)})
-            print(f"{args.placement} {args.start} L{args.layers} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
+            print(f"{args.placement} {args.start} L{args.layers} lr {args.lr:g} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
     return {"steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
             "valid_bits_per_byte": valid_bpb(model, valid, final_starts, context), "history": history,
             "wall_time_s": round(time.time() - began, 1)}
+
+
+def placements_arg(text: str) -> str:
+    """``--placement``: one of :data:`PLACEMENTS`, or one per block, comma-separated; returned as
+    given. Raises argparse.ArgumentTypeError naming the unknown one."""
+    import argparse
+
+    bad = [p for p in text.split(",") if p not in PLACEMENTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown placement {bad[0]!r}: expected one of {', '.join(PLACEMENTS)}, "
+                                         "or one per block, comma-separated")
+    return text
+
+
+def run_name(args) -> str:
+    """The record's file name: ``<placements>-<start>-L<layers>[-lr<lr>-w<warmup>]-s<seed>.json``,
+    per-block placements run-length coded (``pre3.post3``), the lr part only away from the recipe."""
+    from itertools import groupby
+
+    runs = [(p, len(list(g))) for p, g in groupby(args.placement.split(","))]
+    tag = runs[0][0] if len(runs) == 1 else ".".join(f"{p}{n}" for p, n in runs)
+    recipe = "" if (args.lr, args.warmup_steps) == (RECIPE["lr"], RECIPE["warmup_steps"]) else f"-lr{args.lr:g}-w{args.warmup_steps}"
+    return f"{tag}-{args.start}-L{args.layers}{recipe}-s{args.seed}.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,22 +227,32 @@ def main(argv: list[str] | None = None) -> int:
 
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="the corpus (data.corpus), e.g. the WikiText-2 folder")
-    p.add_argument("--placement", choices=PLACEMENTS, required=True)
+    p.add_argument("--placement", type=placements_arg, required=True,
+                   help=f"one of {', '.join(PLACEMENTS)} for every block, or one per block, comma-separated")
     p.add_argument("--start", choices=STARTS, default="scaled")
     p.add_argument("--layers", type=positive_int, default=6)
     p.add_argument("--d-model", type=positive_int, default=96)
     p.add_argument("--heads", type=positive_int, default=4)
     p.add_argument("--d-ff", type=positive_int, default=384)
+    p.add_argument("--lr", type=float, default=RECIPE["lr"], help=f"peak learning rate (default {RECIPE['lr']:g})")
+    p.add_argument("--warmup-steps", type=int, default=RECIPE["warmup_steps"],
+                   help=f"linear warm-up steps, 0 for none (default {RECIPE['warmup_steps']})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/reference")
     args = p.parse_args(argv)
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    if len(args.placement.split(",")) not in (1, args.layers):
+        p.error(f"--placement: expected one placement or {args.layers} (one per block), got {len(args.placement.split(','))}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        p.error(f"--lr: expected a positive number, got {args.lr}")
+    if not 0 <= args.warmup_steps < RECIPE["steps"]:
+        p.error(f"--warmup-steps: expected 0 to {RECIPE['steps'] - 1}, got {args.warmup_steps}")
     if args.seed < 0:
         p.error(f"--seed: expected a non-negative integer, got {args.seed}")
 
     def run() -> int:
-        out = Path(args.out) / f"{args.placement}-{args.start}-L{args.layers}-s{args.seed}.json"
+        out = Path(args.out) / run_name(args)
         corpus = load_corpus(load_config(None, [f"data.corpus={args.data}"]).data)
         if corpus.tokenizer != "bytes":
             raise ConfigError(f"--data {args.data}: the reference model reports bits per byte of byte tokens, "
@@ -217,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = {k: getattr(args, k) for k in SETTINGS} | {"data_fingerprint": corpus.fingerprint}
         record = read_json(out)
         if isinstance(record, dict) and isinstance(record.get("valid_bits_per_byte"), float):
-            other = [f"{k} {record.get(k)!r}, not {v!r}" for k, v in settings.items() if record.get(k) != v]
+            other = [f"{k} {record.get(k, RECIPE.get(k))!r}, not {v!r}" for k, v in settings.items()
+                     if record.get(k, RECIPE.get(k)) != v]  # records older than --lr/--warmup-steps had the recipe's
             if other:
                 raise ConfigError(f"{out} holds a run of other settings ({'; '.join(other)}): choose another --out")
             print(f"{out}: reused, valid {record['valid_bits_per_byte']:.3f} bits per byte")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -22,14 +23,15 @@ import reference_model as ref  # noqa: E402
 L, D, H, FF, T, V = 3, 16, 2, 40, 8, 11
 
 
-def _copy_autoln_weights(model, theirs, placement: str) -> None:
-    """Load autoln's derived model's weights into the reference model (q, k, v stacked)."""
+def _copy_autoln_weights(model, theirs, placements: list[str]) -> None:
+    """Load autoln's derived model's weights into the reference model (q, k, v stacked); one
+    placement per block."""
     with torch.no_grad():
         model.wte.weight.copy_(theirs.tok_emb.weight)
         model.wpe.weight.copy_(theirs.pos_emb.weight)
         model.bias.copy_(theirs.lm_head.bias)
         model.ln_f.load_state_dict(theirs.norm_f.state_dict())
-        for mine, block in zip(model.blocks, theirs.blocks):
+        for mine, block, placement in zip(model.blocks, theirs.blocks, placements):
             attn, mlp = mine
             attn.branch.qkv.weight.copy_(torch.cat([block.attn.q_proj.weight, block.attn.k_proj.weight, block.attn.v_proj.weight]))
             attn.branch.proj.weight.copy_(block.attn.o_proj.weight)
@@ -40,18 +42,20 @@ def _copy_autoln_weights(model, theirs, placement: str) -> None:
                 mlp.ln.load_state_dict(block.ffn_site.placements[placement].norm.state_dict())
 
 
-@pytest.mark.parametrize("placement", ref.PLACEMENTS)
+@pytest.mark.parametrize("placement", [*ref.PLACEMENTS, "pre,post,post", "post,pre,none"])
 def test_the_reference_model_computes_autoln_s_derived_model_with_its_weights(placement):
+    placements = placement.split(",") * (L if "," not in placement else 1)
     cfg = ModelConfig(n_layers=L, d_model=D, n_heads=H, d_ff=FF, context=T)
     torch.manual_seed(0)
-    theirs = build_derived(cfg, V, [(placement, placement)] * L).init_output_bias(torch.log_softmax(torch.randn(V), 0))
+    theirs = build_derived(cfg, V, [(p, p) for p in placements]).init_output_bias(torch.log_softmax(torch.randn(V), 0))
     with torch.no_grad():  # norms away from their start, so a misplaced norm shows
         for name, p in theirs.named_parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn_like(p))
-    model = ref.GPT(V, T, L, D, H, FF, placement, "scaled", np.zeros(V))
+    model = ref.GPT(V, T, L, D, H, FF, placements, "scaled", np.zeros(V))
+    assert [sub.placement for block in model.blocks for sub in block] == [p for p in placements for _ in (0, 1)]
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in theirs.parameters())
-    _copy_autoln_weights(model, theirs, placement)
+    _copy_autoln_weights(model, theirs, placements)
     idx = torch.randint(0, V, (4, T))
     torch.testing.assert_close(model(idx), theirs(idx)[0], rtol=1e-5, atol=1e-5)
 
@@ -99,6 +103,29 @@ def test_the_reference_recipe_is_retrain_s_defaults():
     assert r["context"] == ModelConfig().context
     for step in (0, 10, 49, 50, 51, 500, 998, 999):
         assert ref.lr_factor(step) == pytest.approx(lr_factor(step, cfg), abs=1e-12), step
+    no_warmup = RetrainConfig(warmup_steps=0)  # experiments/validate.py's highlr
+    for step in (0, 1, 50, 500, 999):
+        assert ref.lr_factor(step, 0) == pytest.approx(lr_factor(step, no_warmup), abs=1e-12), step
+    assert ref.lr_factor(0, 0) == 1.0
+
+
+def test_run_names_and_bad_arguments(capsys):
+    def name(*argv):
+        return ref.run_name(types.SimpleNamespace(**{"start": "scaled", "layers": 6, "seed": 0, "lr": 2e-3, "warmup_steps": 50,
+                                                     **dict(zip(argv[::2], argv[1::2]))}))
+
+    assert name("placement", "pre") == "pre-scaled-L6-s0.json"  # the records made before per-block placements
+    assert name("placement", "pre,pre,pre,post,post,post") == "pre3.post3-scaled-L6-s0.json"
+    assert name("placement", "post", "lr", 3e-3, "warmup_steps", 0) == "post-scaled-L6-lr0.003-w0-s0.json"
+    for argv, message in ((["--placement", "pre,lns"], "unknown placement 'lns'"),
+                          (["--placement", "pre,post"], "--placement: expected one placement or 6 (one per block), got 2"),
+                          (["--placement", "pre", "--lr", "0"], "--lr: expected a positive number, got 0.0"),
+                          (["--placement", "pre", "--warmup-steps", "-1"], "--warmup-steps: expected 0 to 999, got -1")):
+        with pytest.raises(SystemExit) as e:
+            ref.main(["--data", "stdlib", *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+    with pytest.raises(ValueError, match="expected 1 or 3 placements, got 2"):
+        ref.GPT(V, T, 3, D, H, FF, ["pre", "post"], "scaled", np.zeros(V))
 
 
 def test_a_finished_record_is_reused_only_for_its_own_settings(tmp_path, capsys):
