@@ -96,13 +96,14 @@ class Sublayer(nn.Module):
 class GPT(nn.Module):
     """Token + position embeddings, ``layers`` blocks of (attention, MLP) sublayers, a final LN,
     an LM head tied to the token embedding with a bias. ``(B, T)`` ids -> ``(B, T, vocab)`` logits.
-    ``placement``: one for every block or a list of one per block. Raises ValueError for a list of
-    another length."""
+    ``placement``: one for every block, as a string or a list of one, or a list of one per block.
+    Raises ValueError for a list of another length."""
 
     def __init__(self, vocab: int, context: int, layers: int, d: int, heads: int, d_ff: int, placement: str | list[str],
                  start: str, unigram: np.ndarray) -> None:
         super().__init__()
-        per_block = [placement] * layers if isinstance(placement, str) else list(placement)
+        per_block = [placement] if isinstance(placement, str) else list(placement)
+        per_block = per_block * layers if len(per_block) == 1 else per_block
         if len(per_block) != layers:
             raise ValueError(f"placement: expected 1 or {layers} placements, got {len(per_block)}")
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)

@@ -124,6 +124,8 @@ def test_run_names_and_bad_arguments(capsys):
         with pytest.raises(SystemExit) as e:
             ref.main(["--data", "stdlib", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err, argv
+    # what main() passes: --placement split at commas, so a uniform placement is a list of one
+    assert [s.placement for b in ref.GPT(V, T, 3, D, H, FF, "pre".split(","), "scaled", np.zeros(V)).blocks for s in b] == ["pre"] * 6
     with pytest.raises(ValueError, match="expected 1 or 3 placements, got 2"):
         ref.GPT(V, T, 3, D, H, FF, ["pre", "post"], "scaled", np.zeros(V))
 
@@ -148,3 +150,17 @@ def test_a_finished_record_is_reused_only_for_its_own_settings(tmp_path, capsys)
     path.write_text(json.dumps({k: v for k, v in record.items() if k != "data_fingerprint"}))  # corpus unknown
     assert ref.main(common + ["--d-model", "64"]) == 2
     assert "data_fingerprint None" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("placement", ["post", "pre,post"])
+def test_a_short_run_through_main_writes_its_record(tmp_path, monkeypatch, placement):
+    # the whole command on a 2-block model for 3 steps: uniform and per-block placements reach the model
+    monkeypatch.setitem(ref.RECIPE, "steps", 3)
+    monkeypatch.setitem(ref.RECIPE, "final_eval_windows", 8)
+    argv = ["--data", "stdlib", "--placement", placement, "--layers", "2", "--d-model", "16", "--heads", "2", "--d-ff", "32",
+            "--lr", "3e-3", "--warmup-steps", "0", "--out", str(tmp_path)]
+    assert ref.main(argv) == 0
+    name = {"post": "post", "pre,post": "pre1.post1"}[placement]
+    record = json.loads((tmp_path / f"{name}-scaled-L2-lr0.003-w0-s0.json").read_text())
+    assert record["placement"] == placement and record["lr"] == 3e-3 and record["warmup_steps"] == 0 and record["steps"] == 3
+    assert 0 < record["valid_bits_per_byte"] < 10
