@@ -166,7 +166,7 @@ def train(args, corpus) -> dict:
     rng = np.random.default_rng(args.seed)
     train_tokens, valid = corpus.splits["train"], corpus.splits["valid"]
     r, context = RECIPE, RECIPE["context"]
-    model = GPT(corpus.vocab_size, context, args.layers, args.d_model, args.heads, args.d_ff, args.placement.split(","),
+    model = GPT(corpus.vocab_size, context, args.layers, args.d_model, args.heads, args.d_ff, args.placement,
                 args.start, corpus.unigram_log_probs())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -186,22 +186,23 @@ def train(args, corpus) -> dict:
         sched.step()
         if (step + 1) % 100 == 0:
             history.append({"step": step + 1, "bits_per_byte": valid_bpb(model, valid, curve_starts, context)})
-            print(f"{args.placement} {args.start} L{args.layers} lr {args.lr:g} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
+            print(f"{','.join(args.placement)} {args.start} L{args.layers} lr {args.lr:g} seed {args.seed}: step {step + 1} valid {history[-1]['bits_per_byte']:.3f} bpb", flush=True)
     return {"steps": steps, "parameters": sum(p.numel() for p in model.parameters()),
             "valid_bits_per_byte": valid_bpb(model, valid, final_starts, context), "history": history,
             "wall_time_s": round(time.time() - began, 1)}
 
 
-def placements_arg(text: str) -> str:
+def placements_arg(text: str) -> list[str]:
     """``--placement``: one of :data:`PLACEMENTS`, or one per block, comma-separated; returned as
-    given. Raises argparse.ArgumentTypeError naming the unknown one."""
+    the list of names (one, or one per block). Raises argparse.ArgumentTypeError naming the unknown one."""
     import argparse
 
-    bad = [p for p in text.split(",") if p not in PLACEMENTS]
+    names = text.split(",")
+    bad = [p for p in names if p not in PLACEMENTS]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown placement {bad[0]!r}: expected one of {', '.join(PLACEMENTS)}, "
                                          "or one per block, comma-separated")
-    return text
+    return names
 
 
 def run_name(args) -> str:
@@ -209,7 +210,7 @@ def run_name(args) -> str:
     per-block placements run-length coded (``pre3.post3``), the lr part only away from the recipe."""
     from itertools import groupby
 
-    runs = [(p, len(list(g))) for p, g in groupby(args.placement.split(","))]
+    runs = [(p, len(list(g))) for p, g in groupby(args.placement)]
     tag = runs[0][0] if len(runs) == 1 else ".".join(f"{p}{n}" for p, n in runs)
     recipe = "" if (args.lr, args.warmup_steps) == (RECIPE["lr"], RECIPE["warmup_steps"]) else f"-lr{args.lr:g}-w{args.warmup_steps}"
     return f"{tag}-{args.start}-L{args.layers}{recipe}-s{args.seed}.json"
@@ -243,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
-    if len(args.placement.split(",")) not in (1, args.layers):
-        p.error(f"--placement: expected one placement or {args.layers} (one per block), got {len(args.placement.split(','))}")
+    if len(args.placement) not in (1, args.layers):
+        p.error(f"--placement: expected one placement or {args.layers} (one per block), got {len(args.placement)}")
     if not (args.lr > 0 and math.isfinite(args.lr)):
         p.error(f"--lr: expected a positive number, got {args.lr}")
     if not 0 <= args.warmup_steps < RECIPE["steps"]:
@@ -258,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if corpus.tokenizer != "bytes":
             raise ConfigError(f"--data {args.data}: the reference model reports bits per byte of byte tokens, "
                               f"but this corpus reads as {corpus.tokenizer!r} tokens")
-        settings = {k: getattr(args, k) for k in SETTINGS} | {"data_fingerprint": corpus.fingerprint}
+        # the record keeps --placement as given ("pre", "pre,post,..."), as records made before did
+        settings = {k: getattr(args, k) for k in SETTINGS} | {"placement": ",".join(args.placement),
+                                                               "data_fingerprint": corpus.fingerprint}
         record = read_json(out)
         if isinstance(record, dict) and isinstance(record.get("valid_bits_per_byte"), float):
             other = [f"{k} {record.get(k, RECIPE.get(k))!r}, not {v!r}" for k, v in settings.items()

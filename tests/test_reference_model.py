@@ -114,9 +114,10 @@ def test_run_names_and_bad_arguments(capsys):
         return ref.run_name(types.SimpleNamespace(**{"start": "scaled", "layers": 6, "seed": 0, "lr": 2e-3, "warmup_steps": 50,
                                                      **dict(zip(argv[::2], argv[1::2]))}))
 
-    assert name("placement", "pre") == "pre-scaled-L6-s0.json"  # the records made before per-block placements
-    assert name("placement", "pre,pre,pre,post,post,post") == "pre3.post3-scaled-L6-s0.json"
-    assert name("placement", "post", "lr", 3e-3, "warmup_steps", 0) == "post-scaled-L6-lr0.003-w0-s0.json"
+    assert ref.placements_arg("pre") == ["pre"] and ref.placements_arg("pre,post") == ["pre", "post"]
+    assert name("placement", ["pre"]) == "pre-scaled-L6-s0.json"  # the records made before per-block placements
+    assert name("placement", ["pre"] * 3 + ["post"] * 3) == "pre3.post3-scaled-L6-s0.json"
+    assert name("placement", ["post"], "lr", 3e-3, "warmup_steps", 0) == "post-scaled-L6-lr0.003-w0-s0.json"
     for argv, message in ((["--placement", "pre,lns"], "unknown placement 'lns'"),
                           (["--placement", "pre,post"], "--placement: expected one placement or 6 (one per block), got 2"),
                           (["--placement", "pre", "--lr", "0"], "--lr: expected a positive number, got 0.0"),
@@ -124,8 +125,8 @@ def test_run_names_and_bad_arguments(capsys):
         with pytest.raises(SystemExit) as e:
             ref.main(["--data", "stdlib", *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err, argv
-    # what main() passes: --placement split at commas, so a uniform placement is a list of one
-    assert [s.placement for b in ref.GPT(V, T, 3, D, H, FF, "pre".split(","), "scaled", np.zeros(V)).blocks for s in b] == ["pre"] * 6
+    # what main() passes: --placement parsed to a list, so a uniform placement is a list of one
+    assert [s.placement for b in ref.GPT(V, T, 3, D, H, FF, ["pre"], "scaled", np.zeros(V)).blocks for s in b] == ["pre"] * 6
     with pytest.raises(ValueError, match="expected 1 or 3 placements, got 2"):
         ref.GPT(V, T, 3, D, H, FF, ["pre", "post"], "scaled", np.zeros(V))
 
