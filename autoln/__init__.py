@@ -24,3 +24,9 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     raise AttributeError(f"module 'autoln' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's own globals and the lazily imported public names (PEP 562), so ``dir(autoln)``
+    and tab completion show ``autoln.search`` before its first use."""
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -70,25 +70,32 @@ def searchable_sites(model: nn.Module) -> list[tuple[str, Site]]:
 class SearchModel(SupernetMixin, nn.Module):
     """A user's model with searchable :class:`autoln.model.Site` s, as a supernet.
 
-    One alpha row per site, in module order (:attr:`site_names` are the sites' module names);
-    every site must offer the same candidates. ``forward(x, y, mix=None)`` sets each site's
-    mixing weights (``mix`` ``(n_sites, K)``, by default :meth:`mixing_weights`), calls
-    ``loss_fn(model, x, y)`` and returns its ``(logits, loss)``.
+    One alpha row per site, in module order (:attr:`site_names` are the sites' module names),
+    or per group of sites that share one placement (``groups``, as autoln's own
+    ``granularity: layer`` ties a block's attention and FFN sites; :attr:`site_names` are then
+    the groups' common module prefixes); every site must offer the same candidates.
+    ``forward(x, y, mix=None)`` sets each site's mixing weights (``mix`` ``(n_sites, K)`` per
+    site, by default :meth:`mixing_weights`), calls ``loss_fn(model, x, y)`` and returns its
+    ``(logits, loss)``.
 
     Args:
         model: the user's module; its parameters are the supernet's weights.
         loss_fn: ``(model, x, y) -> (logits, loss)``; default :func:`nanogpt_loss`.
-        arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
+        arch_init_std: alphas ``(n_rows, K)`` start as ``arch_init_std * randn`` (DARTS: 1e-3),
+            drawn from torch's global generator here.
         tau: the mixing temperature (the search anneals it).
         mixing: a key of :data:`autoln.mixing.MIXINGS`.
+        groups: lists of site module names, each sharing one alpha row; every searchable site
+            in exactly one group, groups in module order of their first site. Default: each
+            site its own row.
 
     Raises:
         ValueError: no site with two or more candidates; sites with different candidate lists;
-            an unknown ``mixing``.
+            an unknown ``mixing``; ``groups`` that do not cover every searchable site once.
     """
 
     def __init__(self, model: nn.Module, loss_fn: Optional[LossFn] = None, arch_init_std: float = 1e-3, tau: float = 1.0,
-                 mixing: str = "softmax") -> None:
+                 mixing: str = "softmax", groups: Optional[Sequence[Sequence[str]]] = None) -> None:
         super().__init__()
         if mixing not in MIXINGS:
             raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
@@ -104,15 +111,24 @@ class SearchModel(SupernetMixin, nn.Module):
         self.model = model
         self.loss_fn = loss_fn or nanogpt_loss
         self.sites = [s for _, s in sites]  # plain list: the sites are registered once, inside model
-        self.site_names = [n for n, _ in sites]
+        #: the searchable sites' module names, in module order (one per :attr:`sites` entry)
+        self.module_sites = [n for n, _ in sites]
+        self.rows = site_rows(self.module_sites, groups)
+        self.site_names = self.module_sites if groups is None else [group_name(g) for g in groups]
         self.candidates = cands
         self.tau, self.mixing = tau, mixing
         self.projected: dict[int, int] = {}
-        self.alphas = nn.Parameter(arch_init_std * torch.randn(len(sites), len(cands), device=_device(model)))
+        self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands), device=_device(model)))
 
     def arrange(self, weights: torch.Tensor) -> torch.Tensor:
-        """One row per site: ``(n_sites, K)`` as is."""
-        return weights
+        """One row per site ``(n_sites, K)``: as is, or each site's group's row."""
+        if self.rows is None:
+            return weights
+        return weights[torch.tensor(self.rows, device=weights.device)]
+
+    def expand(self, per_row: Sequence) -> list:
+        """Per site (module order) the entry of its alpha row in ``per_row`` (one per row)."""
+        return list(per_row) if self.rows is None else [per_row[r] for r in self.rows]
 
     def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None, mix: Optional[torch.Tensor] = None):
         """``(logits, loss)`` of ``loss_fn`` with every site mixing by its row of ``mix``
@@ -126,6 +142,47 @@ class SearchModel(SupernetMixin, nn.Module):
         finally:
             for site in self.sites:
                 site.mix = None
+
+
+def site_rows(names: Sequence[str], groups: Optional[Sequence[Sequence[str]]]) -> Optional[list[int]]:
+    """Per site of ``names`` the index of its group in ``groups`` (None without groups).
+
+    Raises:
+        ValueError: a site in no group or in two, a name that is no searchable site, or
+            groups out of module order."""
+    if groups is None:
+        return None
+    if isinstance(groups, str) or any(isinstance(g, str) or not hasattr(g, "__iter__") for g in groups):
+        raise ValueError("groups: expected lists of site module names, e.g. [['blocks.0.attn_site', 'blocks.0.ffn_site'], ...]")
+    row = {}
+    for r, group in enumerate(groups):
+        if not list(group):
+            raise ValueError(f"groups: group {r} is empty (each group names the sites that share one placement)")
+        for name in group:
+            if name not in names:
+                raise ValueError(f"groups: {name!r} is not a searchable site of the model (its sites: {list(names)})")
+            if name in row:
+                raise ValueError(f"groups: site {name!r} is in two groups")
+            row[name] = r
+    missing = [n for n in names if n not in row]
+    if missing:
+        raise ValueError(f"groups: the sites {missing} are in no group (every searchable site needs one)")
+    rows = [row[n] for n in names]
+    if [r for i, r in enumerate(rows) if r not in rows[:i]] != list(range(len(groups))):
+        raise ValueError("groups: list the groups in the module order of their first site")
+    return rows
+
+
+def group_name(group: Sequence[str]) -> str:
+    """A group's name: its sites' common dotted prefix (``blocks.0`` for ``blocks.0.attn_site``
+    and ``blocks.0.ffn_site``), or the names joined by ``+`` when they share none."""
+    parts = [n.split(".") for n in group]
+    common = []
+    for pieces in zip(*parts):
+        if len(set(pieces)) != 1:
+            break
+        common.append(pieces[0])
+    return ".".join(common) if common and len(group) > 1 else "+".join(group)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -218,123 +275,346 @@ class SearchOutcome:
     losses: list[float]
 
 
-def _forever(batches: Iterable, what: str) -> Iterator:
-    """Batches without end: re-iterates ``batches`` (a DataLoader or a list) when it runs out."""
-    while True:
-        count = 0
-        for batch in batches:
-            count += 1
-            yield batch
-        if count == 0:
-            raise ValueError(f"{what} gave no batch (expected (x, y) pairs; a generator is used up after one pass: "
-                             "pass a list or a DataLoader)")
+def as_pair(batch, what: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` as an ``(x, y)`` pair of tensors.
+
+    Raises:
+        ValueError: naming ``what`` and the batch's 0-based ``index``: not a pair of tensors."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+        return batch[0], batch[1]
+    kind = type(batch).__name__ + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    raise ValueError(f"{what}: batch {index} is a {kind}, expected an (x, y) pair of tensors (token ids and targets, (B, T) each)")
+
+
+def check_batches(batches, what: str, at_least: int = 1) -> None:
+    """Refuse, before the first step, ``batches`` that cannot serve a search: not iterable, an
+    iterator (a generator is used up after one pass), fewer than ``at_least`` batches, or a
+    first batch that is not an ``(x, y)`` pair of tensors.
+
+    Raises:
+        ValueError: naming ``what`` and what was expected."""
+    try:
+        it = iter(batches)
+    except TypeError:
+        raise ValueError(f"{what}: expected a list or a DataLoader of (x, y) batches, got a {type(batches).__name__}") from None
+    if it is batches:
+        raise ValueError(f"{what} is an iterator (a generator is used up after one pass, and a search re-iterates its "
+                         "batches): pass a list or a DataLoader")
+    first = [b for _, b in zip(range(at_least), it)]
+    if len(first) < at_least:
+        need = (f"at least {at_least} (without arch_batches every other batch is a D_alpha batch)" if at_least > 1 else "one")
+        raise ValueError(f"{what} gave {len(first)} batch{'es' if len(first) != 1 else ''}, expected {need}")
+    for i, batch in enumerate(first):
+        as_pair(batch, what, i)
+
+
+class BatchStream:
+    """``(x, y)`` batches without end from ``batches`` (a list or a DataLoader), re-iterated when
+    used up and moved to ``device``; it counts what it gave, so a resumed search replays the
+    iterable from its start and skips as many (bitwise for a list or a seeded DataLoader).
+
+    Raises (when drawn):
+        ValueError: ``batches`` gives no batch at all (e.g. a generator already used up).
+    """
+
+    def __init__(self, batches: Iterable, what: str, device: torch.device) -> None:
+        self.batches, self.what, self.device = batches, what, device
+        self.drawn, self._it = 0, None
+
+    def _next_raw(self):
+        for _ in range(2):
+            if self._it is None:
+                self._it = iter(self.batches)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+        raise ValueError(f"{self.what} gave no batch (expected (x, y) pairs; a generator is used up after one pass: "
+                         "pass a list or a DataLoader)")
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = as_pair(self._next_raw(), self.what, self.drawn)
+        self.drawn += 1
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict:
+        """``{"drawn": n}``: the batches given so far."""
+        return {"drawn": self.drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start again from the iterable's first batch and skip the ``drawn`` ones."""
+        self._it, self.drawn = None, 0
+        for _ in range(int(state["drawn"])):
+            self._next_raw()
+            self.drawn += 1
+
+
+def first_batches(batches: Iterable, windows: int, what: str, every: int = 1, offset: int = 0) -> list:
+    """The first batches of a fresh pass over ``batches`` (taking every ``every``-th from
+    ``offset``) until they hold ``windows`` rows (at least one batch): the read-off's fixed
+    D_alpha windows, as ``search.py``'s ``selection_windows``.
+
+    Raises:
+        ValueError: ``batches`` gives no batch."""
+    out, rows = [], 0
+    for i, batch in enumerate(batches):
+        if i % every != offset:
+            continue
+        out.append(as_pair(batch, what, i))
+        rows += len(out[-1][0])
+        if rows >= windows:
+            break
+    if not out:
+        raise ValueError(f"{what} gave no batch (expected (x, y) pairs)")
+    return out
+
+
+def default_config(steps: int) -> SearchConfig:
+    """The search settings of ``autoln.search`` without ``cfg``: the CPU default's, with the
+    warm-ups fitted to ``steps`` (a tenth for the weights' learning rate, a fifth for the alphas)."""
+    return SearchConfig(steps=steps, warmup_steps=min(50, steps // 10), arch_warmup_steps=min(100, steps // 5))
+
+
+def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> Optional[dict]:
+    """For :func:`search` with ``out``: the checkpoint to continue from (``resume``), or None.
+
+    Raises:
+        OutputError: ``out`` holds a finished search (without ``overwrite``), or an interrupted
+            one without ``resume`` or ``overwrite``; the checkpoint is unreadable or not this
+            kind's.
+        ConfigError: with ``resume``, settings that differ from the checkpoint's (named).
+    """
+    from .checkpoint import config_differences
+    from .errors import ConfigError
+    from .training import CHECKPOINT_FILE, check_out_dir
+
+    if not resume:
+        if (out / GENOTYPE_FILE).exists() and not overwrite:
+            raise OutputError(f"out={str(out)!r} holds a finished search ({GENOTYPE_FILE}): choose another folder, "
+                              "or pass overwrite=True")
+        if (out / CHECKPOINT_FILE).exists() and not overwrite:
+            raise OutputError(f"out={str(out)!r} holds an interrupted search ({CHECKPOINT_FILE}): pass resume=True to "
+                              "continue it, or overwrite=True to start again")
+        check_out_dir(out, True)
+        return None
+    if (out / GENOTYPE_FILE).exists():
+        raise OutputError(f"resume: {out} holds a finished search ({GENOTYPE_FILE}); nothing to resume")
+    path = out / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: one line
+        raise OutputError(f"resume: {path} is not a readable autoln checkpoint ({type(exc).__name__})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("kind") != header["kind"]:
+        raise OutputError(f"resume: {path} is not a checkpoint of autoln.search")
+    diffs = config_differences(ckpt["config"], header["config"])
+    if diffs:
+        raise ConfigError(f"resume: the settings differ from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs))
+    return ckpt
+
+
+def resume_hint(out: Path) -> str:
+    """How an interrupted :func:`search` in ``out`` continues, for its stop messages."""
+    return f"the same autoln.search(...) call with out={str(out)!r}, resume=True"
+
+
+def check_folder(out: Path, resume: bool) -> None:
+    """Refuse an ``out`` of :func:`search` that cannot be a run folder, in the API's words.
+
+    Raises:
+        OutputError: ``out`` or an ancestor is a file; with ``resume``, ``out`` does not exist."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"autoln.search: out={str(out)!r} exists and is not a folder")
+    ancestor = out.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"autoln.search: out={str(out)!r}: {ancestor} is a file, not a folder")
+    if resume and not out.is_dir():
+        raise OutputError(f"autoln.search: resume=True: out={str(out)!r} does not exist, so there is no run to continue")
+
+
+#: The file :func:`search` writes its answer to in ``out``.
+GENOTYPE_FILE = "genotype.json"
 
 
 def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batches: Optional[Iterable] = None,
            cfg: Optional[SearchConfig] = None, loss_fn: Optional[LossFn] = None, seed: int = 0,
-           progress: bool = True) -> SearchOutcome:
-    """The bilevel search (docs/design.md §4) on a user's model with searchable sites.
+           progress: bool = True, selection_batches: Optional[Iterable] = None, valid_batches: Optional[Iterable] = None,
+           out: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False, tensorboard: bool = False,
+           checkpoint_every: int = 100, on_eval: Optional[Callable[[int, dict], None]] = None) -> SearchOutcome:
+    """The bilevel search (docs/design.md §4) on a user's model with searchable sites: the same
+    loop as ``search.py`` (:class:`autoln.search_loop.SearchLoop`) with the same pieces.
 
     Each step takes one alpha step on a D_alpha batch (first- or second-order, per
     ``cfg.order``; none during ``cfg.arch_warmup_steps`` or with ``cfg.arch_lr`` 0), then one
-    weight step (AdamW with ``cfg``'s schedule) on a D_w batch; the temperature falls from
-    ``cfg.tau_start`` to ``cfg.tau_end``. Then the genotype is read off per ``cfg.selection``:
-    ``perturbation`` (DARTS-PT, with ``cfg.selection_tune_steps`` bilevel steps between two
-    decisions), ``score`` (SPOS) or ``argmax``, on ``cfg.selection_windows // batch`` fixed
-    D_alpha batches.
+    weight step (AdamW with ``cfg``'s schedule, SDARTS noise per ``cfg.sdarts_eps``) on a D_w
+    batch; the temperature falls from ``cfg.tau_start`` to ``cfg.tau_end``; the collapse monitor
+    runs at each evaluation (every ``cfg.eval_every`` steps; R-DARTS' early stop with
+    ``cfg.early_stop``). Then the genotype is read off per ``cfg.selection``: ``perturbation``
+    (DARTS-PT, with ``cfg.selection_tune_steps`` bilevel steps between two decisions),
+    ``score`` (SPOS) or ``argmax``, measured through :func:`autoln.training.evaluate_batches`
+    on fixed ``selection_batches``.
 
     Args:
-        model: the user's module, with :class:`autoln.model.Site` s of two or more candidates;
-            it is trained in place (its device is the search's).
+        model: the user's module, with :class:`autoln.model.Site` s of two or more candidates
+            (wrapped here as a :class:`SearchModel`, its alphas drawn after ``torch.manual_seed(seed)``),
+            or a :class:`SearchModel` (used as it is); trained in place, on its own device.
         train_batches: ``(x, y)`` batches for the weights (re-iterated when used up).
         steps: bilevel steps.
         arch_batches: ``(x, y)`` batches for the alphas (D_alpha); default: every other batch
             of ``train_batches`` (DARTS' half split).
-        cfg: the search settings (:class:`autoln.config.SearchConfig`); default the CPU
-            default's, with the warm-ups fitted to ``steps`` (a tenth, and a fifth for the alphas).
+        cfg: the search settings (:class:`autoln.config.SearchConfig`); default
+            :func:`default_config`.
         loss_fn: ``(model, x, y) -> (logits, loss)``; default :func:`nanogpt_loss`.
-        seed: torch's seed for the alphas and the selection order.
+        seed: the seed of the alphas (a plain model), the selection order and the scoring.
         progress: a tqdm bar on a terminal.
+        selection_batches: the read-off's fixed batches; default the first batches of a fresh
+            pass over D_alpha holding ``cfg.selection_windows`` windows. The first batch's first
+            ``cfg.monitor_windows`` rows are the collapse monitor's Hessian batch.
+        valid_batches: batches on which the supernet's valid loss is measured at each
+            evaluation (``valid/loss`` in TensorBoard, ``on_eval``'s metrics); default none.
+        out: a run folder for ``checkpoint.pt`` (every ``checkpoint_every`` steps, at each
+            evaluation, on SIGINT/SIGTERM), ``genotype.json`` and, with ``tensorboard``, the
+            event files and ``alphas.png``; default none (nothing written).
+        resume: continue the interrupted search in ``out`` from its checkpoint: call with the
+            same model class, batches and settings; bitwise as an uninterrupted run on CPU. A
+            folder without a checkpoint yet (stopped before its first) starts from step 0, as
+            ``search.py --resume`` does; a folder that does not exist is refused.
+        checkpoint_every: steps between checkpoints besides those at each evaluation and on
+            SIGINT/SIGTERM (0: only those).
+        overwrite: reuse an ``out`` that holds a finished or interrupted search.
+        on_eval: ``fn(step, valid_metrics)`` after each evaluation; what it raises ends the run.
 
     Returns:
         :class:`SearchOutcome`.
 
     Raises:
-        ConfigError: an invalid ``cfg`` (the message names the key).
-        ValueError: as :class:`SearchModel`; batches that run out at once.
+        ConfigError: an invalid ``cfg`` (the message names the key); with ``resume``, other
+            settings than the checkpoint's.
+        OutputError: ``out`` unusable, or holding a run (see ``resume``, ``overwrite``).
+        ValueError: as :class:`SearchModel`; batches that run out at once; ``tensorboard``
+            or ``resume`` without ``out``.
+        DivergenceError: a NaN/inf loss under ``cfg.on_divergence: stop``.
+        autoln.checkpoint.Interrupted: SIGINT/SIGTERM with ``out`` (the checkpoint is written).
     """
-    from .architect import Architect, weight_step
-    from .run_search import temperature
-    from .selection import perturbation_select, score_select
-    from .training import progress_bar, weight_optimizer
+    from contextlib import ExitStack
 
-    if cfg is None:
-        cfg = SearchConfig(steps=steps, warmup_steps=min(50, steps // 10), arch_warmup_steps=min(100, steps // 5))
-    cfg = replace(cfg, steps=steps)
-    cfg.validate()
-    torch.manual_seed(seed)
-    supernet = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)
-    device = supernet.alphas.device
-    opt, sched = weight_optimizer(supernet.named_weight_parameters(), cfg)
-    architect = Architect(supernet, cfg)
-    stream = _forever(train_batches, "train_batches")
-    arch_stream = _forever(arch_batches, "arch_batches") if arch_batches is not None else stream
+    from .checkpoint import StopSignals
+    from .locks import FolderLock
 
-    def batch(it) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = next(it)
-        return x.to(device), y.to(device)
+    from .errors import ConfigError
 
-    def bilevel(step: int) -> float:
-        supernet.tau = temperature(cfg, step)
-        batch_w, batch_a = batch(stream), batch(arch_stream)
-        if step > cfg.arch_warmup_steps and cfg.arch_lr > 0:
-            architect.step(batch_w, batch_a, xi=sched.get_last_lr()[0], step=step)
-        loss, _ = weight_step(supernet, opt, sched, *batch_w, cfg.grad_clip, noise=0.0)
-        return loss
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"autoln.search: seed: expected an integer, got {seed!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
+                         f"signals), got {checkpoint_every!r}")
+    try:
+        cfg = replace(cfg if cfg is not None else default_config(steps), steps=steps)
+        cfg.validate()
+    except ConfigError as exc:  # the message names the key; the remedy in the API's terms
+        raise ConfigError(f"autoln.search: cfg: {str(exc).split(' (e.g. --set')[0]}; in the API pass "
+                          f"autoln.SearchConfig(..., key=value), or start from autoln.api.default_config({steps}), "
+                          "whose warm-ups fit the steps") from None
+    if out is None and (tensorboard or resume):
+        raise ValueError("autoln.search: tensorboard and resume need a run folder: pass out=...")
+    check_batches(train_batches, "train_batches", 1 if arch_batches is not None else 2)
+    for what, batches in (("arch_batches", arch_batches), ("selection_batches", selection_batches),
+                          ("valid_batches", valid_batches)):
+        if batches is not None:
+            check_batches(batches, what)
+    if out is not None:
+        out = Path(out)
+        check_folder(out, resume)
+    if not isinstance(model, SearchModel):
+        torch.manual_seed(seed)
+        model = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)
+    with ExitStack() as stack:
+        signals = None
+        if out is not None:
+            out = Path(out)
+            signals = stack.enter_context(StopSignals(out / "checkpoint.pt", resume_hint(out)))
+            stack.enter_context(FolderLock(out, "autoln.search"))
+        return _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
+                       out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals)
 
-    supernet.train()
-    bar = progress_bar(range(1, steps + 1), show=progress, desc="search", unit="step")
-    losses = []
-    for step in bar:
-        losses.append(bilevel(step))
-        bar.set_postfix_str(f"train loss {losses[-1]:.3f}")
-    bar.close()
-    # fixed D_alpha batches on which the selection measures the supernet's loss
-    first = batch(arch_stream)
-    fixed = [first] + [batch(arch_stream) for _ in range(max(0, math.ceil(cfg.selection_windows / len(first[0])) - 1))]
 
-    @torch.no_grad()
-    def loss_of(mix: torch.Tensor) -> float:
-        was = supernet.training
-        supernet.eval()
-        total = sum(float(supernet(x, y, mix=mix)[1]) * y.numel() for x, y in fixed)
-        supernet.train(was)
-        return total / sum(y.numel() for _, y in fixed)
+def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, selection_batches, valid_batches, seed: int,
+            progress: bool, out: Optional[Path], resume: bool, overwrite: bool, tensorboard: bool, checkpoint_every: int,
+            on_eval, signals) -> SearchOutcome:
+    """The body of :func:`search`: the loop's data and pieces, the run, the answer."""
+    from dataclasses import asdict
 
-    provenance: dict[str, Any] = {"steps": steps, "selection": cfg.selection, "site_names": supernet.site_names,
-                                  "final_train_loss": losses[-1] if losses else None}
-    if cfg.selection == "perturbation":
-        order = [int(i) for i in np.random.default_rng([seed, 6]).permutation(len(supernet.site_names))]
-        tuned = itertools.count(steps + 1)
+    from .search_loop import SearchData, SearchLoop
+    from .search_pieces import Checkpointing, EvalHook, Monitor, Progress, TensorBoard, resume_loop
+    from .tb import Logger
+    from .training import evaluate_batches, prepare_out_dir
 
-        def tune() -> None:
-            for _ in range(cfg.selection_tune_steps):
-                bilevel(min(next(tuned), steps))
+    device = model.alphas.device
+    weights = BatchStream(train_batches, "train_batches", device)
+    alphas = BatchStream(arch_batches, "arch_batches", device) if arch_batches is not None else weights
+    d_alpha, every, offset = (arch_batches, 1, 0) if arch_batches is not None else (train_batches, 2, 1)
+    fixed = list(selection_batches) if selection_batches is not None else first_batches(
+        d_alpha, cfg.selection_windows, "arch_batches" if arch_batches is not None else "train_batches", every, offset)
+    hessian = tuple(t[:cfg.monitor_windows].to(device) for t in fixed[0]) if cfg.monitor_windows else None
 
-        sel = perturbation_select(supernet, loss_of, tune, order)
-        choices = sel.choices
-        provenance["loss_rises"] = {n: [round(float(v), 6) for v in row] for n, row in zip(supernet.site_names, sel.loss_rises)}
-    elif cfg.selection == "score":
-        scored = score_select(supernet, loss_of, seed)
-        choices = scored.choices
-        provenance.update({"search": scored.method, "evaluated": scored.evaluated, "loss": scored.loss})
-    else:
-        choices = [int(i) for i in supernet.alphas.detach().argmax(-1).tolist()]
-        supernet.projected = dict(enumerate(choices))
-    probs = supernet.probabilities()
-    genotype = SiteGenotype(list(supernet.candidates), {n: supernet.candidates[c] for n, c in zip(supernet.site_names, choices)},
-                            {n: [float(v) for v in row] for n, row in zip(supernet.site_names, probs)}, provenance)
-    return SearchOutcome(genotype, supernet, losses)
+    def load(state: dict) -> None:
+        weights.load_state_dict(state["w"])
+        if alphas is not weights:
+            alphas.load_state_dict(state["alpha"])
+
+    data = SearchData(weights, alphas, lambda mix: evaluate_batches(model, fixed, device, mix=mix),
+                      valid=(lambda: {"loss": evaluate_batches(model, valid_batches, device)}) if valid_batches is not None else None,
+                      state_dict=lambda: {"w": weights.state_dict(), "alpha": alphas.state_dict()}, load_state_dict=load)
+    header = {"kind": "api-search", "config": {**asdict(cfg), "seed": seed, "sites": list(model.site_names)}}
+    ckpt = check_resumable(out, resume, overwrite, header) if out is not None else None
+    describe = lambda choices: " ".join(model.candidates[c] for c in model.expand(choices))  # noqa: E731
+    pieces: list = [Monitor(cfg.steps, hessian, cfg.early_stop == "hessian")]
+    checkpointing = None
+    if out is not None:
+        if ckpt is None:
+            prepare_out_dir(out, overwrite or resume)
+        checkpointing = Checkpointing(out, checkpoint_every, signals, device, header, last_step=ckpt["step"] if ckpt else None,
+                                      resume_hint=resume_hint(out))
+        if tensorboard:
+            start = ckpt["step"] if ckpt else 0
+            pieces.append(TensorBoard(Logger(out, True, purge_step=start + 1 if start else None), out, 10, describe,
+                                      intro={"settings": "```\n" + json.dumps(header["config"], indent=1, default=str) + "\n```"}))
+    if on_eval is not None:
+        pieces.append(EvalHook(on_eval))
+    pieces.append(Progress(progress, lambda loop, stats: f"train loss {stats['loss_w']:.3f}"))
+    model.train()
+    loop = SearchLoop(model, cfg, data, seed=seed, callbacks=pieces, checkpointing=checkpointing)
+    resume_loop(loop, ckpt)
+    read_off = loop.run()
+    genotype = site_genotype(model, read_off, loop)
+    if out is not None:
+        genotype.save(out / GENOTYPE_FILE)
+    return SearchOutcome(genotype, model, list(loop.state["losses"]))
+
+
+def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:
+    """The :class:`SiteGenotype` of a finished loop: per site its row's chosen placement and
+    probabilities, with the read-off's details as provenance (loss rises in nats/token per
+    site, or the scored genotypes, or the early stop)."""
+    rows = model.expand(list(range(len(model.site_names))))
+    names = model.module_sites
+    probs = [row / row.sum() for row in np.asarray(read_off.probabilities, dtype=np.float64)]  # as search.py's genotype
+    provenance: dict[str, Any] = {"steps": loop.sc.steps, "selection": read_off.method, "site_names": list(names),
+                                  "final_train_loss": loop.state["losses"][-1] if loop.state["losses"] else None,
+                                  "wall_time_s": round(loop.wall_time(), 2)}
+    if read_off.selection is not None:
+        provenance["loss_rises"] = {n: [round(float(v), 6) for v in read_off.selection.loss_rises[r]] for n, r in zip(names, rows)}
+    if read_off.scored is not None:
+        provenance.update({"search": read_off.scored.method, "evaluated": read_off.scored.evaluated, "loss": read_off.scored.loss})
+    if read_off.early is not None:
+        provenance["early_stop"] = read_off.early
+    return SiteGenotype(list(model.candidates), {n: model.candidates[read_off.choices[r]] for n, r in zip(names, rows)},
+                        {n: [float(v) for v in probs[r]] for n, r in zip(names, rows)}, provenance)
 
 
 def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[Callable[[str], Iterable[nn.Parameter]]] = None,

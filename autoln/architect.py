@@ -216,3 +216,61 @@ def weight_step(model: Supernet, optimizer: torch.optim.Optimizer, scheduler, x:
     _, loss = model(x, y, mix=model.mixing_weights(model.draw_gumbel(), noise).detach())  # no path to the alphas
     loss.backward(inputs=weights)
     return finish_step(weights, loss, optimizer, scheduler, grad_clip)
+
+
+def single_paths(model: Supernet, strict: bool) -> list[torch.Tensor]:
+    """The one-hot mixing weights of one single-path weight step, in the layout of
+    :meth:`autoln.supernet.SupernetMixin.mixing_weights`: with ``strict``, FairNAS's strict
+    fairness (Chu et al. 2021, §3.2): ``K`` paths, each site taking every candidate exactly once
+    (a random permutation per site); else SPOS's one path of uniformly drawn candidates (Guo et
+    al. 2020, §3.1). Sites fixed by a read-off (``projected``) keep their candidate. Draws from
+    torch's global generator on the alphas' device."""
+    n_sites, k = model.alphas.shape
+    device = model.alphas.device
+    if strict:
+        choice = torch.stack([torch.randperm(k, device=device) for _ in range(n_sites)])  # (n_sites, K): path j's candidates
+    else:
+        choice = torch.randint(0, k, (n_sites, 1), device=device)
+    for site, fixed in model.projected.items():
+        choice[site] = fixed
+    eye = torch.eye(k, device=device, dtype=model.alphas.dtype)
+    return [model.arrange(eye[choice[:, j]]) for j in range(choice.shape[1])]
+
+
+def single_path_step(model: Supernet, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor, y: torch.Tensor,
+                     grad_clip: float, noise: float = 0.0, strict: bool = True) -> tuple[float, float]:
+    """One weight update of single-path training on a D_w batch ``x, y`` ``(B, T)``: the paths of
+    :func:`single_paths` (FairNAS's ``K`` with ``strict``, SPOS's one without), each a one-hot
+    supernet, which is exactly its derived model; their mean loss is back-propagated to the
+    weights only, then one clipped optimizer step (FairNAS Alg. 1: gradients of the ``K`` paths
+    accumulated before one update). This ends the co-adaptation of the shared weights to the
+    mixture: each weight is trained inside whole derived models. ``noise`` is unused (SDARTS'
+    noise perturbs a mixture). Under ``torchrun`` the paths are the same on every process (one
+    generator) and the gradients are averaged.
+
+    Returns ``(mean L_w over the paths in nats/token, gradient norm before clipping)``."""
+    weights = model.weight_parameters()
+    optimizer.zero_grad(set_to_none=True)
+    paths = single_paths(model, strict)
+    total = None
+    for mix in paths:
+        _, loss = model(x, y, mix=mix)
+        (loss / len(paths)).backward(inputs=weights)
+        total = loss.detach() if total is None else total + loss.detach()
+    return finish_step(weights, total / len(paths), optimizer, scheduler, grad_clip)
+
+
+def fair_step(*args, **kwargs) -> tuple[float, float]:
+    """:func:`single_path_step` with FairNAS's strict fairness."""
+    return single_path_step(*args, **kwargs, strict=True)
+
+
+def spos_step(*args, **kwargs) -> tuple[float, float]:
+    """:func:`single_path_step` with SPOS's one uniform path."""
+    return single_path_step(*args, **kwargs, strict=False)
+
+
+#: How the shared weights are trained, by ``search.weight_mode``: ``mixed`` (DARTS: the relaxed
+#: mixture), ``fair`` (FairNAS: every candidate of every site once per step), ``spos`` (one
+#: uniformly drawn path per step).
+WEIGHT_STEPS = {"mixed": weight_step, "fair": fair_step, "spos": spos_step}

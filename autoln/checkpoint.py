@@ -145,8 +145,10 @@ class StopSignals:
     #: :attr:`when` during the training steps
     IN_STEPS = "at the end of the step in progress, after writing a checkpoint"
 
-    def __init__(self, checkpoint: Optional[Path] = None) -> None:
+    def __init__(self, checkpoint: Optional[Path] = None, resume_hint: Optional[str] = None) -> None:
         self.checkpoint = checkpoint
+        #: how to continue, for the messages (default: this process's command with --resume)
+        self.resume_hint = resume_hint
         #: what the first signal does now, for its acknowledgement; the run updates it as it goes
         #: (to :attr:`IN_STEPS` when its steps begin)
         self.when = "before the first step (the run is setting up; no checkpoint is written)"
@@ -172,7 +174,8 @@ class StopSignals:
         if self.checkpoint is not None:
             remove_stale_temps(self.checkpoint)  # a checkpoint being written now is abandoned, not half-kept
         if self.checkpoint is not None and self.checkpoint.exists():
-            kept = f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: {resume_command(self.checkpoint.parent)}"
+            kept = (f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: "
+                    f"{self.resume_hint or resume_command(self.checkpoint.parent)}")
         elif self.checkpoint is not None:
             kept = f"no checkpoint was written yet, {NOTHING_TO_RESUME}"
         else:
@@ -253,10 +256,15 @@ class Checkpointer:
         every: ``checkpoint.every`` (0: only when forced).
         write: False on the processes that do not write (ranks > 0 under ``torchrun``).
         last_step: the step of the checkpoint a resumed run started from.
+        resume_hint: how to continue the run, for the messages (``autoln.search`` names its own
+            call); default this process's command with ``--resume``.
     """
 
-    def __init__(self, out: Path, every: int, write: bool, last_step: Optional[int] = None) -> None:
+    def __init__(self, out: Path, every: int, write: bool, last_step: Optional[int] = None,
+                 resume_hint: Optional[str] = None) -> None:
         self.path, self.every, self.write, self.last_step = out / CHECKPOINT_FILE, every, write, last_step
+        #: how to continue, for the messages (default: this process's command with --resume)
+        self.resume_hint = resume_hint
         if write:
             remove_stale_temps(self.path)  # left by a process killed while writing its checkpoint
 
@@ -289,7 +297,7 @@ class Checkpointer:
         if interrupted:
             raise Interrupted(signals.received or signal.SIGTERM,
                               f"stopped by signal after step {step}; checkpoint written to {self.path}; "
-                              f"continue with: {resume_command(self.path.parent)}")
+                              f"continue with: {self.resume_hint or resume_command(self.path.parent)}")
 
     def stop_if_signalled(self, signals: "StopSignals", device: torch.device, where: str) -> None:
         """Raise :class:`Interrupted` when a stop signal came outside a training step (``where``:
@@ -304,7 +312,7 @@ class Checkpointer:
         if self.last_step is None:
             kept = f"no checkpoint was written, {NOTHING_TO_RESUME}"
         else:
-            kept = f"{self.path} holds step {self.last_step}; continue with: {resume_command(self.path.parent)}"
+            kept = f"{self.path} holds step {self.last_step}; continue with: {self.resume_hint or resume_command(self.path.parent)}"
         raise Interrupted(signals.received or signal.SIGTERM, f"stopped by signal {where}; {kept}")
 
     def describe(self) -> str:

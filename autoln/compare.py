@@ -35,6 +35,7 @@ from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, Genotype, is_baseline
 from .locks import FolderLock
 from .io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
+from .runs import METRICS_FILE, SAME_RUN_FREE, differences, read_metrics, run_config_differences  # noqa: F401 (re-exported)
 from .training import check_out_dir
 
 TABLE = "compare.csv"
@@ -43,18 +44,6 @@ ONE_SEED = ("**One seed per genotype: this ranking is a look, not a result.** Di
             "size are often within the seed-to-seed spread; compare with --seeds 3 (mean ± std) before drawing a conclusion.")
 #: What a comparison folder was made with (specs and config); a re-run must match it.
 RECORD = "compare.json"
-
-
-def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """``key (old -> new)`` for every leaf that differs between two nested dicts."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key} ({a!r} -> {b!r})")
-    return out
 
 
 @dataclass
@@ -157,7 +146,7 @@ def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bo
     (``diverged.txt`` then holds the message, and a re-run keeps it diverged)."""
     from .checkpoint import CHECKPOINT_FILE
     from .errors import DivergenceError
-    from .run_retrain import METRICS_FILE, retrain_reusing, run_retrain
+    from .run_retrain import retrain_reusing, run_retrain
 
     if threads:
         import torch
@@ -177,31 +166,6 @@ def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bo
         return None
 
 
-#: What a run's config may differ in from another's and still be the same retrain.
-SAME_RUN_FREE = ("retrain.device", "model.candidates")
-
-
-def run_config_differences(run_dir: Path, cfg: Config) -> list[str]:
-    """How the retrain in ``run_dir`` (its ``config.yaml``) was made differently from ``cfg``,
-    in ``data``, ``model`` and ``retrain`` (seed included; :data:`SAME_RUN_FREE` aside): empty
-    when it is the retrain ``cfg`` would make of the same placements. A missing or unreadable
-    ``config.yaml`` is one difference."""
-    import yaml
-
-    try:
-        saved = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
-        return [f"{run_dir / 'config.yaml'} unreadable"]
-    keep = ("data", "model", "retrain")
-    a = {k: dict(v) for k, v in saved.items() if k in keep and isinstance(v, dict)}
-    b = {k: dict(v) for k, v in cfg.to_dict().items() if k in keep}
-    for key in SAME_RUN_FREE:
-        section, name = key.split(".")
-        a.get(section, {}).pop(name, None)
-        b.get(section, {}).pop(name, None)
-    return differences(a, b)
-
-
 def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
     """The finished runs in the comparison folder ``out``, by ``(placements, "seed<i>")``
     (placements as :meth:`autoln.genotype.Genotype.describe` writes them). A retrain is a
@@ -209,8 +173,6 @@ def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
     the thread count sets: :mod:`autoln.workers`), so one of these whose ``config.yaml`` matches
     (:func:`run_config_differences`) stands for any genotype file with the same placements."""
     found: dict[tuple[str, str], Path] = {}
-    from .run_retrain import read_metrics
-
     for path in sorted(out.glob("*/seed*/metrics.json")):
         m = read_metrics(path)
         if m is not None and "same_run_as" not in m:
@@ -223,8 +185,6 @@ def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
     comparison, same placements, seed and config) as this entry's: its numbers, with
     ``genotype`` and ``genotype_file`` the entry's own file and ``same_run_as`` naming the run.
     Returns the record."""
-    from .run_retrain import read_metrics
-
     metrics = {**read_metrics(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).to_dict(),
                "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
     write_json_atomic(run_dir / source.name, metrics)
@@ -235,8 +195,6 @@ def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
 
 def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite: bool, workers: int = 1) -> list[Entry]:
     """The body of :func:`run_compare`, under its folder's lock."""
-    from .run_retrain import METRICS_FILE, read_metrics
-
     record = {"specs": specs, "config": {k: v for k, v in cfg.to_dict().items() if k in ("data", "model", "retrain")}}
     record["config"]["retrain"].pop("device", None)
     record["config"]["retrain"].pop("seed", None)

@@ -238,6 +238,8 @@ R_DARTS_MIN_EVALUATIONS, R_DARTS_LAG, R_DARTS_START_FRACTION = 7, 4, 0.4
 MIXING_NAMES = ("softmax", "gumbel", "gumbel-hard", "sigmoid")
 EARLY_STOPS = ("none", "hessian")
 SELECTIONS = ("argmax", "perturbation", "score")
+#: ``search.weight_mode``: how the shared weights are trained (:data:`autoln.architect.WEIGHT_STEPS`).
+WEIGHT_MODES = ("mixed", "fair", "spos")
 
 
 @dataclass
@@ -260,6 +262,9 @@ class SearchConfig(TrainConfig):
     - ``monitor_windows``: windows of the fixed D_alpha batch on which the collapse monitor
       computes the alpha Hessian at each evaluation (0 disables the eigenvalue);
     - ``early_stop``: ``none`` | ``hessian`` (R-DARTS rule on the monitored eigenvalue);
+    - ``weight_mode``: how the shared weights are trained (:data:`autoln.architect.WEIGHT_STEPS`):
+      ``mixed`` (DARTS' relaxed mixture), ``fair`` (FairNAS's strict fairness: every candidate of
+      every site once per step, one update) or ``spos`` (one uniformly drawn path per step);
     - ``selection``: how the genotype is read off the supernet (:mod:`autoln.selection`):
       ``argmax`` of the alphas (DARTS) or ``perturbation`` (DARTS-PT, Wang et al. 2021), which
       decides the sites one at a time by the valid-loss rise when a candidate is removed,
@@ -287,6 +292,7 @@ class SearchConfig(TrainConfig):
     selection: str = "perturbation"
     selection_windows: int = 32
     selection_tune_steps: int = 20
+    weight_mode: str = "mixed"
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
@@ -298,6 +304,7 @@ class SearchConfig(TrainConfig):
         _one_of("search.mixing", self.mixing, MIXING_NAMES)
         _one_of("search.early_stop", self.early_stop, EARLY_STOPS)
         _one_of("search.selection", self.selection, SELECTIONS)
+        _one_of("search.weight_mode", self.weight_mode, WEIGHT_MODES)
         _positive("search.selection_windows", self.selection_windows)
         _non_negative(self, section, ("selection_tune_steps",))
         if self.early_stop == "hessian" and self.monitor_windows == 0:

@@ -76,6 +76,7 @@ HELP = {
     "search.selection": "perturbation (DARTS-PT) | score (SPOS: whole genotypes scored one-hot) | argmax (DARTS)",
     "search.selection_windows": "fixed D_alpha windows on which the selection measures the supernet",
     "search.selection_tune_steps": "perturbation: bilevel fine-tuning steps between two decisions",
+    "search.weight_mode": "how the shared weights train: mixed (DARTS' relaxed mixture) | fair (FairNAS: each candidate of each site once per step) | spos (one uniform path per step)",
     "retrain.final_eval_windows": "windows of valid (at the last step) and of test for the final numbers (null: whole split)",
     "retrain.spike_factor": "a step whose loss exceeds this x the running mean is a loss spike",
     "tune.n_trials": "cap on the study's finished trials, all workers together",

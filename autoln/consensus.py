@@ -143,7 +143,7 @@ def check_same_search(folder: Path, cfg: Config) -> None:
     Raises:
         ConfigError: naming each differing key, and the way out (``--overwrite`` or another ``--out``).
     """
-    from .compare import differences
+    from .runs import differences
 
     def relevant(d: dict) -> dict:
         out = {k: dict(v) for k, v in d.items() if k in SEARCH_SECTIONS}

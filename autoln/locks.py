@@ -1,12 +1,12 @@
 """One run folder, one process: an exclusive lock held for a command's whole life.
 
-:class:`FolderLock` takes ``fcntl.flock`` on ``<folder>/.autoln.lock`` before anything in the
-folder is read or removed, and keeps it until the command ends; the kernel releases it when the
-process dies (SIGKILL, a lost node), so a killed run never leaves a stale lock and
-``--resume`` proceeds. A second command on a held folder is refused at once, whatever its
-options (``--overwrite``, ``--resume``), naming the holder's host and process id, and
-changes nothing. :func:`build_lock` serialises the token cache's build of one corpus: a second
-run waits for the first and then reads its cache.
+:class:`FolderLock` takes ``fcntl.flock`` on ``<folder>/.autoln.lock`` (``tune.lock`` for a
+study of ``search.py --tune``) before anything in the folder is read or removed, and keeps it
+until the command ends; the kernel releases it when the process dies (SIGKILL, a lost node), so
+a killed run never leaves a stale lock and ``--resume`` proceeds. A second command on a held
+folder is refused at once, whatever its options (``--overwrite``, ``--resume``), naming the
+holder's host and process id, and changes nothing. :func:`build_lock` serialises the token
+cache's build of one corpus: a second run waits for the first and then reads its cache.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class FolderLock:
         folder: the run (or shared) folder.
         what: what holds it, for the refusal message (e.g. ``search``).
         enabled: False makes the lock a no-op (``torchrun`` ranks above 0: rank 0 holds it).
+        name: the lock file's name in ``folder`` (``search.py --tune`` keeps its ``tune.lock``).
+        refusal: the refusal message, if not the default one: a ``str.format`` template with
+            the fields ``folder``, ``path`` (the lock file) and ``holder`` (who holds it).
 
     Raises:
         FolderInUse: ``folder`` is held by another process (the message names its host, process
@@ -46,11 +49,17 @@ class FolderLock:
         OutputError: ``folder`` is a file, or cannot be created.
     """
 
-    def __init__(self, folder: str | Path, what: str = "run", enabled: Optional[bool] = None) -> None:
-        self.folder, self.what = Path(folder), what
+    def __init__(self, folder: str | Path, what: str = "run", enabled: Optional[bool] = None, name: str = LOCK_FILE,
+                 refusal: Optional[str] = None) -> None:
+        self.folder, self.what, self.name, self.refusal = Path(folder), what, name, refusal
         self.enabled = is_main_process() if enabled is None else enabled
         self.fh = None
         self.created = False
+
+    @property
+    def path(self) -> Path:
+        """The lock file, ``folder/name``."""
+        return self.folder / self.name
 
     def acquire(self) -> "FolderLock":
         """Take the lock (see the class). Returns self."""
@@ -66,18 +75,20 @@ class FolderLock:
         self.created = not self.folder.exists()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fh = open(self.folder / LOCK_FILE, "a+")
+            fh = open(self.path, "a+")
         except OSError as exc:
             raise OutputError(f"--out {self.folder}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # the holder removes the file at release: a lock on a file no longer at the path is no lock
-            if os.fstat(fh.fileno()).st_ino != os.stat(self.folder / LOCK_FILE).st_ino:
+            if os.fstat(fh.fileno()).st_ino != os.stat(self.path).st_ino:
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             fh.seek(0)
             holder = fh.read().strip() or "another process"
             fh.close()
+            if self.refusal is not None:
+                raise FolderInUse(self.refusal.format(folder=self.folder, path=self.path, holder=holder)) from None
             raise FolderInUse(f"--out {self.folder} is in use by {holder}: a folder holds one run at a time, so this "
                               "command changed nothing; wait for that one to end (a killed one releases the folder), or "
                               "choose another --out") from None
@@ -95,7 +106,7 @@ class FolderLock:
         if self.fh is None:
             return
         try:
-            (self.folder / LOCK_FILE).unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
             if self.created and not any(self.folder.iterdir()):
                 self.folder.rmdir()
         except OSError:

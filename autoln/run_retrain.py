@@ -24,10 +24,10 @@ from . import distributed
 from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
-from .checkpoint import CHECKPOINT_FILE, Checkpointer, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, set_rng_state
 from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
-from .io import read_json, write_json_atomic, write_text_atomic
+from .io import write_json_atomic, write_text_atomic
 from .locks import FolderLock
 from .model import build_derived
 from .run_search import EvalHook, genotype_markdown
@@ -35,23 +35,13 @@ from .supernet import site_names
 from .tb import Logger
 from .model import TransformerLM
 from .resources import check_fits
-from .training import (check_out_dir, environment, evaluate, prepare_model, prepare_out_dir, progress_bar, progress_line, resolve_device,
-                       seed_everything, train_step, utc_now, weight_optimizer)
+from .runs import METRICS_FILE, read_metrics, run_config_differences
+from .search_pieces import Checkpointing
+from .training import (check_out_dir, environment, measure, prepare_model, prepare_out_dir, progress_bar, progress_line, resolve_device,
+                       seed_everything, train_step, utc_now, weight_optimizer, with_stderr)  # noqa: F401 - with_stderr: its old home
 
-METRICS_FILE = "metrics.json"
 #: Valid windows of the fixed batch on which the diagnostics are computed.
 DIAG_WINDOWS = 8
-
-
-def with_stderr(metrics: dict, se_nats: float, loss_nats: float, windows: int) -> dict:
-    """``metrics`` (of :func:`autoln.data.metrics_from_loss`) with ``windows`` and the standard
-    error over windows of the loss (``loss_stderr``, nats per token) and of each metric that is
-    a fixed multiple of it (``<bits metric>_stderr``; perplexity is not, and has none)."""
-    out = {**metrics, "windows": int(windows), "loss_stderr": se_nats}
-    for key in ("bits_per_byte", "bits_per_char"):
-        if key in metrics and loss_nats:
-            out[f"{key}_stderr"] = se_nats * metrics[key] / loss_nats
-    return out
 
 
 def log_diagnostics(log: Logger, diag: dict, step: int) -> None:
@@ -192,18 +182,6 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
 
 
-def read_metrics(path: str | Path) -> Optional[dict]:
-    """The record of a finished retrain (``metrics.json``), or None when it is missing or
-    damaged: unreadable, not JSON, or without the fields every finished retrain writes
-    (``placements``, and ``valid`` and ``test`` with their metrics)."""
-    m = read_json(path)
-    if not isinstance(m, dict) or not isinstance(m.get("placements"), str):
-        return None
-    if not all(isinstance(m.get(split), dict) and m[split] for split in ("valid", "test")):
-        return None
-    return m
-
-
 def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
     """The ``metrics.json`` content of the retrain of ``genotype_spec`` in ``out``, for the
     commands that run many retrains and are re-run after an interruption (``--compare``, the
@@ -220,8 +198,6 @@ def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
         As :func:`run_retrain`: DivergenceError (the caller records it), FolderInUse (another
         process holds ``out``), OutputError, DataError, GenotypeError.
     """
-    from .compare import run_config_differences
-
     out = Path(out)
     done = read_metrics(out / METRICS_FILE)
     if done is not None:
@@ -247,9 +223,34 @@ def retrain_reusing(cfg: Config, genotype_spec: str, out: str | Path) -> dict:
     return read_metrics(out / METRICS_FILE)
 
 
+@dataclass
+class RetrainRun:
+    """One retrain's model, optimizer, schedule, sampler and bookkeeping (``state``: the valid
+    history, diagnostics, counters, checkpointed), in the shape :class:`autoln.search_pieces.Checkpointing`
+    writes: :meth:`state_dict` and :meth:`wall_time`."""
+
+    model: TransformerLM
+    opt: object
+    sched: object
+    sampler: WindowSampler
+    state: dict
+    spikes: SpikeCounter
+    start: int = 0
+    session: float = 0.0
+
+    def state_dict(self) -> dict:
+        """The checkpoint's body (the random states aside)."""
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "sampler": self.sampler.state_dict(), "state": {**self.state, "spikes": asdict(self.spikes)}}
+
+    def wall_time(self) -> float:
+        """Seconds of training so far, over every session of a resumed run."""
+        return self.state["wall_time_s"] + time.perf_counter() - self.session
+
+
 def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eval: Optional[EvalHook], resume: bool,
              signals: StopSignals) -> RetrainResult:
-    """The body of :func:`run_retrain`, under its ``signals``."""
+    """The body of :func:`run_retrain`, under its ``signals``: set up, train, evaluate, write."""
     rc = cfg.retrain
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
     ckpt = None
@@ -263,138 +264,161 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     main = distributed.is_main()
     mc = cfg.model
     seed_everything(rc.seed)
-    train, valid, test = (corpus.splits[s] for s in ("train", "valid", "test"))
+    train, valid = corpus.splits["train"], corpus.splits["valid"]
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
-    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
-    final_valid_starts = eval_starts(len(valid), mc.context, rc.final_eval_windows)
-
     derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
-    n_params = sum(p.numel() for p in model.parameters())
-
-    ckpts = Checkpointer(out, cfg.checkpoint.every, main, ckpt["step"] if ckpt is not None else None)
-    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}, before writing anything")
+    checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device,
+                                  {"kind": "retrain", "config": cfg.to_dict(), "genotype": genotype.to_dict()},
+                                  write=main, last_step=ckpt["step"] if ckpt is not None else None)
+    checkpointing.stop_if_signalled(f"before step {checkpointing.ckpts.next_step}, before writing anything")
     if main:
         if ckpt is None:  # a new run, or one killed before its first checkpoint: start clean
             prepare_out_dir(out, overwrite or resume)
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
     distributed.barrier()
-    diag_x, diag_y = next(eval_batches(valid, valid_starts[:DIAG_WINDOWS], mc.context, DIAG_WINDOWS))
-    diag_x, diag_y = diag_x.to(device), diag_y.to(device)
-    start = 0
-    if ckpt is None:
-        state = {"history": [], "valid_metrics": {}, "diag_history": [], "skipped_batches": 0, "wall_time_s": 0.0,
-                 "diag_ref": logits(model, diag_x), "diag_init": snapshot(model, diag_x, diag_y),
-                 "spikes": asdict(SpikeCounter(factor=rc.spike_factor))}
-    else:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        sampler.load_state_dict(ckpt["sampler"])
-        state = ckpt["state"]
-        start = ckpt["step"]
-        set_rng_state(ckpt["rng"])
-    spikes = SpikeCounter(**state["spikes"])
-    diag_ref = state["diag_ref"].to(device)
-    log = Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None)
-    sites = site_names(mc.n_layers, genotype.granularity)
-    if not start:
+    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
+    diag_x, diag_y = (t.to(device) for t in next(eval_batches(valid, valid_starts[:DIAG_WINDOWS], mc.context, DIAG_WINDOWS)))
+    run = start_run(cfg, model, opt, sched, sampler, ckpt, diag_x, diag_y)
+    log = Logger(out, cfg.logging.tensorboard and main, purge_step=run.start + 1 if run.start else None)
+    if not run.start:
         log.text("config", "```yaml\n" + cfg.to_yaml() + "```")
         # a retrain has no alphas: its genotype (with the search's probabilities, if any) is text only
         log.text("genotype", f"`{genotype.describe()}` ({genotype_spec})\n\n"
-                 + genotype_markdown(genotype.site_probabilities(), sites, genotype.candidates))
-        log_diagnostics(log, state["diag_init"], 0)
-    headline = HEADLINE[cfg.data.tokenizer]
+                 + genotype_markdown(genotype.site_probabilities(), site_names(mc.n_layers, genotype.granularity), genotype.candidates))
+        log_diagnostics(log, run.state["diag_init"], 0)
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
-    resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
+    resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {run.start}" if ckpt is not None else ""
+    n_params = sum(p.numel() for p in model.parameters())
     distributed.print_main(f"autoln retrain -> {out}\n  genotype: {genotype.describe()} ({genotype_spec})\n  data: {corpus.describe()}\n"
                            f"  model: {n_params:,} parameters, device {device}{procs}{resumed}", file=sys.stderr)
-    ckpts.stop_if_signalled(signals, device, f"before step {ckpts.next_step}")
+    checkpointing.stop_if_signalled(f"before step {checkpointing.ckpts.next_step}")
     signals.when = StopSignals.IN_STEPS
-    session = time.perf_counter()
+    run.session = time.perf_counter()
+    try:
+        train_steps(cfg, corpus, run, checkpointing, log, on_eval, (diag_x, diag_y), device)
+        return finish_retrain(cfg, corpus, genotype, genotype_spec, out, run, checkpointing, log, (diag_x, n_params), device, ckpt is not None)
+    finally:
+        log.close()
 
-    def checkpoint(step: int) -> None:
-        ckpts.save(step, {"kind": "retrain", "step": step, "config": cfg.to_dict(), "genotype": genotype.to_dict(),
-                          "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                          "sampler": sampler.state_dict(),
-                          "state": {**state, "spikes": asdict(spikes),
-                                    "wall_time_s": state["wall_time_s"] + time.perf_counter() - session}})
 
-    show = cfg.logging.progress and main
-    bar = progress_bar(range(start + 1, rc.steps + 1), show=show, desc="retrain", unit="step", initial=start, total=rc.steps)
-    unit = UNITS[headline]
+def start_run(cfg: Config, model, opt, sched, sampler, ckpt: Optional[dict], diag_x, diag_y) -> RetrainRun:
+    """The :class:`RetrainRun` at step 0 (with the diagnostics at initialisation on the fixed
+    batch), or restored from ``ckpt`` with the random states."""
+    if ckpt is None:
+        state = {"history": [], "valid_metrics": {}, "diag_history": [], "skipped_batches": 0, "wall_time_s": 0.0,
+                 "diag_ref": logits(model, diag_x), "diag_init": snapshot(model, diag_x, diag_y),
+                 "spikes": asdict(SpikeCounter(factor=cfg.retrain.spike_factor))}
+        return RetrainRun(model, opt, sched, sampler, state, SpikeCounter(**state["spikes"]))
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    sched.load_state_dict(ckpt["scheduler"])
+    sampler.load_state_dict(ckpt["sampler"])
+    set_rng_state(ckpt["rng"])
+    return RetrainRun(model, opt, sched, sampler, ckpt["state"], SpikeCounter(**ckpt["state"]["spikes"]), ckpt["step"])
+
+
+def train_steps(cfg: Config, corpus, run: RetrainRun, checkpointing: Checkpointing, log: Logger, on_eval: Optional[EvalHook],
+                diag: tuple, device) -> None:
+    """The retrain's steps after ``run.start``: a training step, the loss-spike count, the
+    divergence policy, TensorBoard; every ``retrain.eval_every`` steps (and at the last, by the
+    final protocol: ``final_eval_windows`` with the standard error) an evaluation with the
+    diagnostics; then the checkpoint (:class:`autoln.search_pieces.Checkpointing`), the hook and
+    the progress line."""
+    rc, mc = cfg.retrain, cfg.model
+    valid = corpus.splits["valid"]
+    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
+    final_valid_starts = eval_starts(len(valid), mc.context, rc.final_eval_windows)
+    show = cfg.logging.progress and distributed.is_main()
+    state, model = run.state, run.model
+    bar = progress_bar(range(run.start + 1, rc.steps + 1), show=show, desc="retrain", unit="step", initial=run.start, total=rc.steps)
     try:
         for step in bar:
-            x, y = distributed.shard(*sampler.sample())
-            loss_v, grad_norm = train_step(model, opt, sched, x.to(device), y.to(device), rc.grad_clip)
-            spikes.update(loss_v)
+            x, y = distributed.shard(*run.sampler.sample())
+            loss_v, grad_norm = train_step(model, run.opt, run.sched, x.to(device), y.to(device), rc.grad_clip)
+            run.spikes.update(loss_v)
             if not (math.isfinite(loss_v) and math.isfinite(grad_norm)):
-                ckpts.diverged("retrain", rc.on_divergence, step, f"loss={loss_v}, grad norm={grad_norm}", state, log)
+                checkpointing.ckpts.diverged("retrain", rc.on_divergence, step, f"loss={loss_v}, grad norm={grad_norm}", state, log)
             if step % cfg.logging.log_every == 0:
                 log.scalars({"loss": loss_v, "grad_norm": grad_norm}, step, "train")
-                log.scalar("lr/weights", sched.get_last_lr()[0], step)
+                log.scalar("lr/weights", run.sched.get_last_lr()[0], step)
             evaluation = step % rc.eval_every == 0 or step == rc.steps
             if evaluation:
                 # the last step is evaluated by the final protocol (final_eval_windows, with its standard
                 # error): the curve's last point is the final valid number
-                last = step == rc.steps
-                starts = final_valid_starts if last else valid_starts
-                progress = f"final valid ({len(starts)} windows)" if show and last else None
-                loss, se = evaluate(model, valid, starts, mc.context, rc.batch_size, device, progress=progress, stderr=True)
-                state["valid_metrics"] = with_stderr(metrics_from_loss(loss, cfg.data.tokenizer, corpus.bytes_per_token.get("valid")),
-                                                     se, loss, len(starts))
+                starts = final_valid_starts if step == rc.steps else valid_starts
+                progress = f"final valid ({len(starts)} windows)" if show and step == rc.steps else None
+                state["valid_metrics"] = measure(model, valid, starts, mc.context, rc.batch_size, device, cfg.data.tokenizer,
+                                                 corpus.bytes_per_token.get("valid"), stderr=True, progress=progress)
                 log.scalars(state["valid_metrics"], step, "valid")
                 state["history"].append({"step": step, **state["valid_metrics"]})
-                diag = snapshot(model, diag_x, reference=diag_ref)
-                log_diagnostics(log, diag, step)
-                log.scalar("diag/loss_spikes", spikes.spikes, step)
-                state["diag_history"].append({"step": step, "loss_spikes": spikes.spikes, **diag})
-                log.flush()
-            ckpts.end_step(step, evaluation, signals, device, checkpoint)
+                record_diagnostics(run, log, diag[0], step)
+            checkpointing.on_step_end(run, step, evaluation)
             if evaluation and on_eval is not None:
                 on_eval(step, state["valid_metrics"])
             if show:
-                shown = f"{state['valid_metrics'][headline]:.3f} {unit}" if state["valid_metrics"] else "-"
-                train_shown = f"{metrics_from_loss(loss_v, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
-                windows = state["valid_metrics"].get("windows", len(valid_starts)) if state["valid_metrics"] else len(valid_starts)
-                bar.set_postfix_str(f"train {train_shown}, valid {shown} ({windows} windows)")
-                if evaluation:
-                    progress_line(show, f"retrain step {step}/{rc.steps}: train {train_shown}, valid {shown} "
-                                        f"({windows} windows)")
-    except BaseException:
+                show_progress(cfg, corpus, bar, state, loss_v, step, evaluation, len(valid_starts))
+    finally:
         bar.close()
-        log.close()
-        raise
-    bar.close()
-    history, diag_history, diag_init = state["history"], state["diag_history"], state["diag_init"]
 
+
+def record_diagnostics(run: RetrainRun, log: Logger, diag_x, step: int) -> None:
+    """The diagnostics of an evaluation on the fixed batch (:func:`autoln.diagnostics.snapshot`,
+    with the update size since initialisation), logged and kept in ``diag_history``."""
+    diag = snapshot(run.model, diag_x, reference=run.state["diag_ref"].to(diag_x.device))
+    log_diagnostics(log, diag, step)
+    log.scalar("diag/loss_spikes", run.spikes.spikes, step)
+    run.state["diag_history"].append({"step": step, "loss_spikes": run.spikes.spikes, **diag})
+    log.flush()
+
+
+def show_progress(cfg: Config, corpus, bar, state: dict, loss_v: float, step: int, evaluation: bool, eval_windows: int) -> None:
+    """The bar's text (training loss and last valid metric in the headline unit, with its
+    windows), and one line per evaluation in a redirected log."""
+    headline = HEADLINE[cfg.data.tokenizer]
+    shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
+    train_shown = f"{metrics_from_loss(loss_v, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
+    windows = state["valid_metrics"].get("windows", eval_windows) if state["valid_metrics"] else eval_windows
+    bar.set_postfix_str(f"train {train_shown}, valid {shown} ({windows} windows)")
+    if evaluation:
+        progress_line(True, f"retrain step {step}/{cfg.retrain.steps}: train {train_shown}, valid {shown} ({windows} windows)")
+
+
+def finish_retrain(cfg: Config, corpus, genotype: Genotype, genotype_spec: str, out: Path, run: RetrainRun,
+                   checkpointing: Checkpointing, log: Logger, diag: tuple, device, resumed: bool) -> RetrainResult:
+    """The final evaluation of test (the last step's of valid is the final valid number), then
+    ``metrics.json`` (rank 0, atomically). Returns the :class:`RetrainResult`."""
+    rc, mc, state = cfg.retrain, cfg.model, run.state
+    headline = HEADLINE[cfg.data.tokenizer]
+    show = cfg.logging.progress and distributed.is_main()
     final = {"valid": state["valid_metrics"]}  # the last step's evaluation, on the final windows
-    signals.when = "after the final evaluation of test (the last step's checkpoint is on disk; --resume redoes it)"
+    checkpointing.signals.when = "after the final evaluation of test (the last step's checkpoint is on disk; --resume redoes it)"
     distributed.print_main(f"final evaluation: {rc.final_eval_windows or 'all'} windows of valid (at the last step) and of test "
                            f"(retrain.final_eval_windows; the evaluations before the last step use retrain.eval_windows="
                            f"{rc.eval_windows}, an estimate)", file=sys.stderr)
+    test = corpus.splits["test"]
     starts = eval_starts(len(test), mc.context, rc.final_eval_windows)
-    progress = f"final test ({len(starts)} windows)" if show else None
-    loss, se = evaluate(model, test, starts, mc.context, rc.batch_size, device, progress=progress, stderr=True)
-    final["test"] = with_stderr(metrics_from_loss(loss, cfg.data.tokenizer, corpus.bytes_per_token.get("test")), se, loss, len(starts))
-    ckpts.stop_if_signalled(signals, device, "during the final evaluation (--resume redoes it)")
+    final["test"] = measure(run.model, test, starts, mc.context, rc.batch_size, device, cfg.data.tokenizer,
+                            corpus.bytes_per_token.get("test"), stderr=True, progress=f"final test ({len(starts)} windows)" if show else None)
+    checkpointing.stop_if_signalled("during the final evaluation (--resume redoes it)")
     for split in ("valid", "test"):
         log.scalars({k: v for k, v in final[split].items() if k != "windows"}, rc.steps, f"final_{split}")
-    wall = state["wall_time_s"] + time.perf_counter() - session
+    wall = run.wall_time()
+    diag_x, n_params = diag
     metrics = {
         "genotype": genotype_spec, "placements": genotype.describe(), "headline": headline,
         "valid": final["valid"], "test": final["test"], "steps": rc.steps, "seed": rc.seed,
         "parameters": n_params, "tokens_seen": rc.steps * rc.batch_size * mc.context,
-        "wall_time_s": round(wall, 2), "history": history, "created": utc_now(),
-        "skipped_batches": state["skipped_batches"], "resumed_from_step": start if ckpt is not None else None,
+        "wall_time_s": round(wall, 2), "history": state["history"], "created": utc_now(),
+        "skipped_batches": state["skipped_batches"], "resumed_from_step": run.start if resumed else None,
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint},
         "packages": environment(), "genotype_file": genotype.to_dict(),
-        "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": diag_init, "evaluations": diag_history,
-                        "loss_spikes": spikes.spikes, "spike_factor": rc.spike_factor},
+        "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": state["diag_init"], "evaluations": state["diag_history"],
+                        "loss_spikes": run.spikes.spikes, "spike_factor": rc.spike_factor},
     }
-    path = write_json_atomic(out / METRICS_FILE, metrics) if main else out / METRICS_FILE
+    path = write_json_atomic(out / METRICS_FILE, metrics) if distributed.is_main() else out / METRICS_FILE
     distributed.barrier()
     log.text("final", f"valid {headline} {final['valid'].get(headline):.4f}, test {final['test'].get(headline):.4f}")
-    log.close()
-    return RetrainResult(final["valid"], final["test"], path, wall, model)
+    return RetrainResult(final["valid"], final["test"], path, wall, run.model)
+

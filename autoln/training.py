@@ -175,28 +175,43 @@ def progress_line(show: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-@torch.no_grad()
 def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
              mix: Optional[torch.Tensor] = None, progress: Optional[str] = None, stderr: bool = False):
-    """Mean cross-entropy (nats per token) of ``model`` over the windows at ``starts``.
-
-    ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's ``(n_layers, 2, K)``
-    mixing weights, is given) must return ``(logits, loss)``. The model is put in eval mode and back.
-    Under ``torchrun`` each process evaluates every N-th window and the sums are added up, so
-    every process returns the same mean. ``progress``: a tqdm bar with that description (batches,
-    rate and time left), on the main process.
-
-    With ``stderr`` it returns ``(mean, standard error)``: the standard error of the mean over
-    windows, ``std(window means) / sqrt(n_windows)`` (windows of equal length; 0 for one window),
-    from the logits' per-token cross-entropy.
+    """Mean cross-entropy (nats per token) of ``model`` over the windows of ``tokens`` at
+    ``starts`` (:func:`evaluate_batches` over :func:`autoln.data.eval_batches` of ``batch_size``
+    windows of ``context`` tokens). Under ``torchrun`` each process evaluates every N-th window
+    and the sums are added up, so every process returns the same mean. ``progress``: a tqdm bar
+    with that description (batches, rate and time left), on the main process. ``mix`` and
+    ``stderr`` as :func:`evaluate_batches`.
     """
-    was_training = model.training
-    model.eval()
-    total, count, w_sum, w_sq, n_win = 0.0, 0, 0.0, 0.0, 0
     mine = starts[distributed.rank()::distributed.world_size()]
     batches = eval_batches(tokens, mine, context, batch_size)
     if progress is not None and distributed.is_main():
         batches = progress_bar(batches, show=True, desc=progress, total=math.ceil(len(mine) / batch_size), unit="batch", leave=False)
+    return evaluate_batches(model, batches, device, mix, stderr)
+
+
+@torch.no_grad()
+def evaluate_batches(model: nn.Module, batches: Iterable, device: torch.device, mix: Optional[torch.Tensor] = None,
+                     stderr: bool = False):
+    """Mean cross-entropy (nats per token) of ``model`` over ``batches`` of ``(x, y)`` pairs
+    (token ids and next-token targets, ``(B, T)`` each), weighted by tokens.
+
+    ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's mixing weights in the
+    layout of its ``mixing_weights``, is given) must return ``(logits, loss)``. The model is
+    put in eval mode and back. Under ``torchrun`` the sums of every process's batches are added
+    up, so every process returns the same mean.
+
+    With ``stderr`` it returns ``(mean, standard error)``: the standard error of the mean over
+    windows (rows), ``std(window means) / sqrt(n_windows)`` (windows of equal length; 0 for one
+    window), from the logits' per-token cross-entropy.
+
+    Raises:
+        ZeroDivisionError: no batch at all (on every process).
+    """
+    was_training = model.training
+    model.eval()
+    total, count, w_sum, w_sq, n_win = 0.0, 0, 0.0, 0.0, 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         logits, loss = model(x, y) if mix is None else model(x, y, mix=mix)
@@ -212,6 +227,34 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
         return total / count
     var = max(0.0, (w_sq - w_sum ** 2 / n_win) / (n_win - 1)) if n_win > 1 else 0.0
     return total / count, math.sqrt(var / n_win)
+
+
+def with_stderr(metrics: dict, se_nats: float, loss_nats: float, windows: int) -> dict:
+    """``metrics`` (of :func:`autoln.data.metrics_from_loss`) with ``windows`` and the standard
+    error over windows of the loss (``loss_stderr``, nats per token) and of each metric that is
+    a fixed multiple of it (``<bits metric>_stderr``; perplexity is not, and has none)."""
+    out = {**metrics, "windows": int(windows), "loss_stderr": se_nats}
+    for key in ("bits_per_byte", "bits_per_char"):
+        if key in metrics and loss_nats:
+            out[f"{key}_stderr"] = se_nats * metrics[key] / loss_nats
+    return out
+
+
+def measure(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int, device: torch.device,
+            tokenizer: str, bytes_per_token: Optional[float], stderr: bool = False, progress: Optional[str] = None) -> dict:
+    """The metrics of ``model`` on the windows of ``tokens`` at ``starts`` (:func:`evaluate`):
+    loss in nats per token and the units of :func:`autoln.data.metrics_from_loss` (bits per
+    byte of a byte corpus or a BPE one with ``bytes_per_token``, perplexity). With ``stderr``
+    also ``windows`` and each metric's standard error over windows (:func:`with_stderr`): the
+    retrain's protocol. The search's supernet valid and the retrain's evaluations both go
+    through here."""
+    from .data import metrics_from_loss
+
+    if not stderr:
+        return metrics_from_loss(evaluate(model, tokens, starts, context, batch_size, device, progress=progress),
+                                 tokenizer, bytes_per_token)
+    loss, se = evaluate(model, tokens, starts, context, batch_size, device, progress=progress, stderr=True)
+    return with_stderr(metrics_from_loss(loss, tokenizer, bytes_per_token), se, loss, len(starts))
 
 
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")

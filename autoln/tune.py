@@ -23,7 +23,6 @@ them).
 
 from __future__ import annotations
 
-import fcntl
 import math
 import multiprocessing as mp
 import os
@@ -33,7 +32,6 @@ import socket
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -42,73 +40,24 @@ from .commands import pip_extra
 from .config import Config, assign
 from .errors import AutolnError, ConfigError, OutputError
 from .io import write_text_atomic
+from .locks import FolderLock
+from .tune_study import FINISHED_OUTCOMES, Census, _headline, _optuna, best_trial, census, counts_toward_cap, outcome  # noqa: F401 (re-exported)
 from .workers import threads_per_worker
 
 JOURNAL_FILE = "study.journal"
 LOCK_FILE = "tune.lock"
+#: The refusal of a second command on a study's folder (:class:`autoln.locks.FolderLock`'s ``refusal``).
+LOCK_REFUSAL = ("--out {folder}: another 'search.py --tune' is running on this folder ({path} is locked by {holder}); "
+                "add workers with --workers, or use an RDB tune.storage for several commands")
 TRIALS_DIR = "trials"
 POLL_S = 2.0
 #: Config keys that may change between runs of one study (they do not change what a trial computes).
 RESUMABLE_KEYS = ("tune.n_trials", "tune.storage", "tune.rank_offset", "tune.heartbeat_interval", "tune.grace_period",
                   "tune.max_retry", "search.device", "retrain.device")
-FINISHED_OUTCOMES = ("complete", "pruned", "diverged", "error")
 
 
 class OverCap(Exception):
     """A trial was created after the study's cap was taken by other workers' trials."""
-
-
-@dataclass
-class Census:
-    """Trial counts of a study: ``finished`` (count toward ``tune.n_trials``), ``running``,
-    ``waiting`` (enqueued re-runs) and ``lost`` (FAIL because their worker died)."""
-
-    finished: int
-    running: int
-    waiting: int
-    lost: int
-
-
-def _optuna():
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # Optuna's warnings say what it is waiting on or dropping
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna
-
-
-def outcome(trial) -> str:
-    """The outcome of a frozen trial: ``complete``, ``pruned``, ``diverged``, ``error``,
-    ``lost`` (FAIL while its worker was running it), ``over-cap``, ``interrupted``,
-    ``running`` or ``waiting``."""
-    from optuna.trial import TrialState
-
-    attr = trial.user_attrs.get("outcome")
-    if trial.state == TrialState.RUNNING:
-        return "running"
-    if trial.state == TrialState.WAITING:
-        return "waiting"
-    if trial.state == TrialState.COMPLETE:
-        return "complete"
-    if trial.state == TrialState.PRUNED:
-        return attr if attr in ("pruned", "diverged") else "pruned"
-    return "lost" if attr in (None, "running") else attr
-
-
-def counts_toward_cap(trial) -> bool:
-    """True for a trial that ended by itself (complete, pruned, diverged, error)."""
-    return outcome(trial) in FINISHED_OUTCOMES
-
-
-def census(study) -> Census:
-    """Count the study's trials by what they mean for the cap."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    return Census(finished=sum(counts_toward_cap(t) for t in trials),
-                  running=sum(t.state == TrialState.RUNNING for t in trials),
-                  waiting=sum(t.state == TrialState.WAITING for t in trials),
-                  lost=sum(outcome(t) == "lost" for t in trials))
 
 
 def admitted(study, number: int, cap: int) -> bool:
@@ -277,12 +226,6 @@ def _clipped_repr(value, limit: int = 60) -> str:
     one-line error unreadable)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _headline(cfg: Config) -> str:
-    from .data import HEADLINE
-
-    return HEADLINE[cfg.data.tokenizer]
 
 
 # --- one trial --------------------------------------------------------------------------------
@@ -502,23 +445,6 @@ class TuneResult:
     wall_time_s: float
 
 
-class _FolderLock:
-    """An exclusive ``flock`` on ``out/tune.lock`` for the command's lifetime."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / LOCK_FILE
-        self.fh = open(self.path, "a+")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.close()
-            raise OutputError(f"--out {out}: another 'search.py --tune' is running on this folder ({self.path} is locked); "
-                              "add workers with --workers, or use an RDB tune.storage for several commands") from None
-
-    def release(self) -> None:
-        self.fh.close()
-
-
 def check_tune_dir(out: Path, overwrite: bool = False) -> None:
     """Refuse a folder that cannot hold a study: a file, an unwritable place, or (unless
     ``overwrite``) a folder that holds a single search, retrain or diagnosis.
@@ -578,7 +504,7 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
-    lock = _FolderLock(out)
+    lock = FolderLock(out, "tune", enabled=True, name=LOCK_FILE, refusal=LOCK_REFUSAL).acquire()
     study = None
     try:
         stale = out / (JOURNAL_FILE + ".lock")  # Optuna's journal lock: this command holds the folder, so one found now
@@ -620,14 +546,6 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         raise
     finally:
         lock.release()
-
-
-def best_trial(study):
-    """The complete trial with the lowest value (the study minimises), or None before any completes."""
-    from optuna.trial import TrialState
-
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return min(done, key=lambda t: t.value) if done else None
 
 
 def _clear(cfg: Config, out: Path) -> None:

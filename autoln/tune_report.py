@@ -25,7 +25,7 @@ from typing import Any
 from .config import Config
 from .genotype import Genotype
 from .io import save_figure_atomic, write_text_atomic
-from .tune import _headline, _optuna, best_trial, census, outcome
+from .tune_study import _headline, _optuna, best_trial, census, outcome
 
 BEST_FILE = "best_genotype.json"
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")

@@ -38,10 +38,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import (SETTINGS, add_common_arguments, base_overrides, commands_line, each_setting, merge_saved, parse_settings, positive_int,  # noqa: E402
-                      searched_genotype, setting_config, verdict)
+                      searched_genotype, setting_config, verdict, write_outputs)
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic  # noqa: E402
+from autoln.io import read_json  # noqa: E402
 
 #: Sample sizes by setting (the issue's minimum: 30 at 6 blocks, 20 at 24 blocks).
 DEFAULT_SAMPLES = {"shallow": 30, "deep": 20, "highlr": 30}
@@ -101,11 +101,15 @@ def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) 
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, n_samples: int, top: int, seeds: int,
-                sample_seed: int, score_windows: int, out: Path, baselines: list[str], workers: int = 1) -> dict:
+                sample_seed: int, score_windows: int, out: Path, baselines: list[str], workers: int = 1,
+                table: Path | None = None) -> dict:
     """Sample, retrain, score and summarise one setting; returns its numbers."""
-    from autoln.compare import run_compare
     from autoln.data import HEADLINE
     from autoln.fidelity import kendall_tau
+    from retrain_table import compare_with_table
+
+    def run_compare(cfg, specs, baselines, n_seeds, folder, workers=1):
+        return compare_with_table(cfg, name, specs, baselines, n_seeds, folder, table, workers=workers)
     from autoln.genotype import Genotype
 
     cfg = setting_config(name, overrides, config)
@@ -312,17 +316,14 @@ def main(argv=None) -> int:
                                   f"({len(cfg.model.searched_candidates())} candidates, {cfg.model.n_layers} blocks)")
         fresh = each_setting(args, "ground_truth.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, samples[n], args.top, args.seeds, args.sample_seed, args.score_windows, out,
-            baselines, args.workers))
+            baselines, args.workers, args.table))
         out = Path(args.out)
         results = merge_saved(out, "ground_truth", fresh, argv)
         report = ("# Ground truth: the searched genotype among random genotypes of its space\n\n"
                   f"{commands_line(results)}. Percentile: the share of the random sample "
                   "whose seed-0 valid metric is worse (higher); the searched genotype's is given for its seed-0 run and "
                   "for its mean over seeds.\n\n" + "\n".join(setting_markdown(r) for r in results))
-        write_text_atomic(out / "ground_truth.md", report)
-        write_json_atomic(out / "ground_truth.json", results)
-        save_figure_atomic(figure(results), out / "ground_truth.png")
-        print(report + f"\nwrote {out / 'ground_truth.md'}, {out / 'ground_truth.json'}, {out / 'ground_truth.png'}")
+        write_outputs(out, "ground_truth", report, results, figure(results))
 
     return guarded(body)
 

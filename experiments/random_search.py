@@ -40,20 +40,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from halving import best_of_last_rung, rung_steps, successive_halving  # noqa: E402,F401 - rung_steps: its old home
 from validate import add_common_arguments, each_setting, positive_int, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.io import write_json_atomic  # noqa: E402
-
-
-def rung_steps(min_steps: int, eta: int, full_steps: int) -> list[int]:
-    """Steps of each rung: ``min_steps * eta^k`` up to ``full_steps / eta`` (the last rung picks
-    the genotype that is then retrained at ``full_steps``), at least one rung.
-    E.g. ``(100, 3, 1000) -> [100, 300]``; ``(100, 2, 1000) -> [100, 200, 400]``."""
-    steps = [min_steps]
-    while steps[-1] * eta * eta <= full_steps:
-        steps.append(steps[-1] * eta)
-    return steps
 
 
 def short_config(cfg, steps: int, windows: int):
@@ -87,12 +78,12 @@ def short_retrain(cfg, spec: str, folder: Path) -> dict:
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, budget_s: float | None, min_steps: int, eta: int,
-                seeds: int, sample_seed: int, rank_windows: int, out: Path, workers: int = 1) -> dict:
+                seeds: int, sample_seed: int, rank_windows: int, out: Path, workers: int = 1, table: Path | None = None) -> dict:
     """Successive halving of random genotypes within the budget, then the best at ``seeds`` seeds.
     The short retrains run one at a time, as the search they are measured against ran;
     ``workers`` applies to the final retrains only."""
-    from autoln.compare import run_compare
     from autoln.data import HEADLINE, load_corpus
+    from retrain_table import compare_with_table
     from autoln.errors import ConfigError
     from autoln.fidelity import sample_genotypes
     from autoln.genotype import Genotype, from_probabilities
@@ -121,39 +112,27 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
             from_probabilities(np.eye(len(cands))[idx], cfg.model, vocab, {"random_search": {"seed": sample_seed, "index": i}}, idx).save(path)
         return str(path)
 
-    spent, evaluated, share_left = 0.0, 0, 0.0
-    history: list[list[dict]] = []
-    for k, steps in enumerate(rungs):
-        share_left += budget_s / len(rungs)
-        short = short_config(cfg, steps, rank_windows)
-        if k == 0:
-            pool = range(space)
-        else:
-            ranked = sorted(history[-1], key=lambda r: r["valid"])
-            pool = [r["index"] for r in ranked[:max(1, math.ceil(len(ranked) / eta))]]
-        done: list[dict] = []
-        # the cost of one run here: this rung's mean so far, or the last rung's scaled by the steps
-        mean_cost = statistics.mean(r["wall_time_s"] for r in history[-1]) * steps / rungs[k - 1] if k else None
-        for i in pool:
-            if mean_cost is not None and mean_cost > share_left:
-                break  # the next run would overspend this rung's share
-            spec = genotype_file(i)
-            print(f"[random search] {name}: rung {k} ({steps} steps) genotype r{i:03d} ({share_left:.0f} s left)", file=sys.stderr, flush=True)
-            m = short_retrain(short, spec, folder / f"rung{k}" / f"r{i:03d}")
-            cost = float(m.get("wall_time_s", 0.0))
-            spent, share_left, evaluated = spent + cost, share_left - cost, evaluated + 1
-            done.append({"index": i, "placements": " ".join(draws[i]), "valid": float(m["valid"].get(headline, m["valid"]["loss"])),
-                         "wall_time_s": cost})
-            mean_cost = statistics.mean(r["wall_time_s"] for r in done)
-        history.append(done)
-    last = [r for r in history[-1] if np.isfinite(r["valid"])] or [r for h in history for r in h if np.isfinite(r["valid"])]
-    if not last:
+    def evaluate(i: int, k: int) -> tuple[float, float]:
+        print(f"[random search] {name}: rung {k} ({rungs[k]} steps) genotype r{i:03d}", file=sys.stderr, flush=True)
+        m = short_retrain(short_config(cfg, rungs[k], rank_windows), genotype_file(i), folder / f"rung{k}" / f"r{i:03d}")
+        return float(m["valid"].get(headline, m["valid"]["loss"])), float(m.get("wall_time_s", 0.0))
+
+    history = successive_halving(range(space), budget_s, rungs, eta, evaluate)
+    for rung in history:
+        for r in rung:
+            r["placements"] = " ".join(draws[r["index"]])
+    spent, evaluated = sum(r["wall_time_s"] for h in history for r in h), sum(len(h) for h in history)
+    best = best_of_last_rung(history)
+    if best is None:
         raise ConfigError(f"random search in {folder}: every short retrain diverged")
-    best = min(last, key=lambda r: r["valid"])
     best_file = folder / "genotype.json"
     Genotype.load(genotype_file(best["index"])).save(best_file)
     print(f"[random search] {name}: best {best['placements']}; retraining it at {seeds} seeds", file=sys.stderr, flush=True)
-    entries = run_compare(cfg, [str(best_file)], [], seeds, out / name / "compare", workers=workers)
+    if table is not None:  # the short retrains of the rungs are measured retrains too
+        from retrain_table import current_commit, record_runs, space_of
+
+        record_runs(folder, name, space_of(cfg), current_commit(), table)
+    entries = compare_with_table(cfg, name, [str(best_file)], [], seeds, out / name / "compare", table, workers=workers)
     runs = [r["valid"][headline] for r in entries[0].runs if r is not None]
     result = {"setting": name, "budget_s": budget_s, "budget_from": budget_from, "spent_s": spent, "evaluated": evaluated, "rungs": rungs, "eta": eta,
               "placements": best["placements"], "history": history, "headline": headline,
@@ -182,7 +161,7 @@ def main(argv=None) -> int:
             raise ConfigError(f"--budget-s must be positive, got {args.budget_s}")
         results = each_setting(args, "random_search.py", lambda n, overrides, out: run_setting(
             n, overrides, args.config, args.budget_s, args.min_steps, args.eta, args.seeds, args.sample_seed,
-            args.rank_windows, out, args.workers))
+            args.rank_windows, out, args.workers, args.table))
         for r in results:
             n = r["setting"]
             mean = f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r["std"] is not None else "") if r["mean"] is not None else "-"

@@ -64,9 +64,10 @@ def fixed_alpha_genotype(fixed, folder: Path) -> Path:
     return run_search(fixed, folder, overwrite=not resume, resume=resume).path
 
 
-def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, workers: int = 1) -> dict:
+def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, workers: int = 1,
+                table: Path | None = None) -> dict:
     """The four read-offs of one setting, retrained; returns their numbers."""
-    from autoln.compare import run_compare
+    from retrain_table import compare_with_table
     from autoln.data import HEADLINE
     from autoln.genotype import Genotype
 
@@ -79,7 +80,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
         reselect(search.parent, folder / variant, variant)
         files[variant] = folder / variant / "genotype.json"
     files["fixed-alpha"] = fixed_alpha_genotype(setting_config(name, [*overrides, "search.arch_lr=0"], config), folder / "fixed-alpha")
-    entries = run_compare(cfg, [str(files[r]) for r in READ_OFFS], [], seeds, out / name / "compare", workers=workers)
+    entries = compare_with_table(cfg, name, [str(files[r]) for r in READ_OFFS], [], seeds, out / name / "compare", table, workers=workers)
     rows = {}
     for r, e in zip(READ_OFFS, entries):
         runs = [m["valid"][headline] for m in e.runs if m is not None]
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
 
     def body() -> None:
         fresh = each_setting(args, "read_off.py", lambda n, overrides, out: run_setting(
-            n, overrides, args.config, args.seeds, out, args.workers))
+            n, overrides, args.config, args.seeds, out, args.workers, args.table))
         out = Path(args.out)
         results = merge_saved(out, "read_off", fresh, argv)
         choice, reason = decide(results)

@@ -58,9 +58,9 @@ def reuse_validate_search(cfg, name: str, out: Path) -> bool:
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: int, retrain_seeds: int, out: Path,
-                workers: int = 1) -> dict:
+                workers: int = 1, table: Path | None = None) -> dict:
     """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
-    from autoln.compare import run_compare
+    from retrain_table import compare_with_table
     from autoln.consensus import check_same_search, run_seeds, vote
     from autoln.errors import ConfigError
     from autoln.data import HEADLINE
@@ -90,7 +90,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
     for f, g in [(consensus_file, consensus), *zip(seed_files, genotypes)]:
         distinct.setdefault(g.describe(), known.get(g.describe(), str(f)))
     print(f"[stability] {name}: {len(distinct)} distinct genotypes at {retrain_seeds} seeds", file=sys.stderr, flush=True)
-    entries = run_compare(cfg, list(distinct.values()), [], retrain_seeds, out / name / "compare", workers=workers)
+    entries = compare_with_table(cfg, name, list(distinct.values()), [], retrain_seeds, out / name / "compare", table, workers=workers)
     valid = {e.spec: [r["valid"][headline] for r in e.runs if r is not None] for e in entries}
     cons = valid[distinct[consensus.describe()]]
     rows = []
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
         if args.seeds < 2:
             raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {args.seeds}")
         fresh = each_setting(args, "stability.py", lambda n, overrides, out: run_setting(
-            n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers))
+            n, overrides, args.config, args.seeds, args.retrain_seeds, out, args.workers, args.table))
         out = Path(args.out)
         results = merge_saved(out, "stability", fresh, argv)
         report = ("# Stability: the seeds' answers against their consensus\n\n"

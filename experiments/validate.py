@@ -32,7 +32,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from autoln.cli import OneLineParser, guarded
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.locks import FolderLock
 from autoln.config import load_config
 from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
@@ -73,15 +75,25 @@ def positive_int(text: str) -> int:
 def add_common_arguments(p, settings: str) -> None:
     """The options every experiment script shares: ``--data``, ``--config``, ``--set``,
     ``--settings`` (default ``settings``) and ``--out`` (default runs/validate, one folder per
-    setting, shared by the scripts so that finished runs are reused) and ``--workers`` (retrains
-    at once: :func:`autoln.compare.run_compare`'s ``workers``)."""
+    setting, shared by the scripts so that finished runs are reused), ``--table`` (the retrain
+    table, :mod:`retrain_table`) and ``--workers`` (retrains at once:
+    :func:`autoln.compare.run_compare`'s ``workers``)."""
     p.add_argument("--data", default=None, help="data.corpus (default: the config's; the tables use a WikiText-2 folder)")
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--settings", default=settings, help=f"comma-separated subset of {list(SETTINGS)}")
     p.add_argument("--out", default="runs/validate")
+    from retrain_table import default_table
+
+    p.add_argument("--table", type=table_path, default=default_table(), metavar="CSV",
+                   help="the retrain table read and extended (default experiments/retrains.csv, or $AUTOLN_RETRAIN_TABLE; '' for none)")
     p.add_argument("--workers", type=positive_int, default=1, metavar="N",
                    help="retrains at once, each in its own process with the CPU threads shared (default 1; the numbers equal one at a time's up to float rounding)")
+
+
+def table_path(text: str):
+    """An ``argparse`` type: the retrain table's path, or None for ``''`` (no table)."""
+    return Path(text) if text else None
 
 
 def parse_settings(text: str) -> list[str]:
@@ -143,6 +155,15 @@ def merge_saved(out: Path, name: str, results: list[dict], argv: list[str] | Non
     return merged
 
 
+def write_outputs(out: Path, name: str, report: str, results: list[dict], fig) -> None:
+    """Write an experiment's ``<out>/<name>.md`` (``report``), ``.json`` (``results``) and
+    ``.png`` (``fig``), each atomically, and print the report with the files' names."""
+    write_text_atomic(out / f"{name}.md", report)
+    write_json_atomic(out / f"{name}.json", results)
+    save_figure_atomic(fig, out / f"{name}.png")
+    print(report + f"\nwrote {out / (name + '.md')}, {out / (name + '.json')}, {out / (name + '.png')}")
+
+
 def commands_line(results: list[dict]) -> str:
     """``Command: `...` `` for a report whose settings one call made, else one per setting."""
     commands = list(dict.fromkeys(r["command"] for r in results))
@@ -175,18 +196,20 @@ def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Pat
 
 
 def run_setting(name: str, overrides: list[str], config: str | None, seeds: int, out: Path, overwrite: bool = False,
-                workers: int = 1) -> dict:
+                workers: int = 1, table: Path | None = None) -> dict:
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
     ``overwrite``, which redoes them). ``workers``: retrains at once."""
-    from autoln.compare import mean_curve, run_compare
+    from autoln.compare import mean_curve
     from autoln.data import HEADLINE
     from autoln.genotype import BASELINES, Genotype
+    from retrain_table import compare_with_table
 
     cfg = setting_config(name, overrides, config)
     genotype_path = searched_genotype(cfg, name, out, overwrite)
     genotype = Genotype.load(genotype_path)
-    entries = run_compare(cfg, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare", overwrite, workers)
+    entries = compare_with_table(cfg, name, [str(genotype_path)], list(BASELINES), seeds, out / name / "compare",
+                                 None if overwrite else table, overwrite=overwrite, workers=workers)
     headline = HEADLINE[cfg.data.tokenizer]
     rows = []
     for e in entries:
@@ -254,7 +277,7 @@ def main(argv=None) -> int:
 
     def body() -> None:
         fresh = each_setting(args, "validate.py", lambda name, overrides, out: run_setting(
-            name, overrides, args.config, args.seeds, out, args.overwrite, args.workers))
+            name, overrides, args.config, args.seeds, out, args.overwrite, args.workers, args.table))
         overrides, out = base_overrides(args), Path(args.out)
         results = merge_saved(out, "validate", fresh, argv)
         wins = sum(r["verdict"] in ("beats", "matches") for r in results)

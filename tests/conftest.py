@@ -41,3 +41,10 @@ def _seed():
 @pytest.fixture
 def cache_dir(tmp_path) -> str:
     return str(tmp_path / "cache")
+
+
+@pytest.fixture(autouse=True)
+def _retrain_table(tmp_path, monkeypatch):
+    """The experiment scripts read and extend a retrain table: in tests, a fresh one per test,
+    never the repository's experiments/retrains.csv."""
+    monkeypatch.setenv("AUTOLN_RETRAIN_TABLE", str(tmp_path / "retrains.csv"))
