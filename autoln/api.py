@@ -287,25 +287,22 @@ def as_pair(batch, what: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_batches(batches, what: str, at_least: int = 1) -> None:
-    """Refuse, before the first step, ``batches`` that cannot serve a search: not iterable, an
-    iterator (a generator is used up after one pass), fewer than ``at_least`` batches, or a
-    first batch that is not an ``(x, y)`` pair of tensors.
+    """Refuse, before the first step, ``batches`` that cannot serve a search: not iterable; or,
+    for a list or tuple (which can be looked at without drawing from it), fewer than
+    ``at_least`` batches or a first batch that is not an ``(x, y)`` pair of tensors. Other
+    iterables (a DataLoader, an endless generator as nanoGPT's ``get_batch`` loop) are checked
+    batch by batch as they are drawn: looking ahead would draw from them.
 
     Raises:
         ValueError: naming ``what`` and what was expected."""
-    try:
-        it = iter(batches)
-    except TypeError:
-        raise ValueError(f"{what}: expected a list or a DataLoader of (x, y) batches, got a {type(batches).__name__}") from None
-    if it is batches:
-        raise ValueError(f"{what} is an iterator (a generator is used up after one pass, and a search re-iterates its "
-                         "batches): pass a list or a DataLoader")
-    first = [b for _, b in zip(range(at_least), it)]
-    if len(first) < at_least:
-        need = (f"at least {at_least} (without arch_batches every other batch is a D_alpha batch)" if at_least > 1 else "one")
-        raise ValueError(f"{what} gave {len(first)} batch{'es' if len(first) != 1 else ''}, expected {need}")
-    for i, batch in enumerate(first):
-        as_pair(batch, what, i)
+    if not hasattr(batches, "__iter__"):
+        raise ValueError(f"{what}: expected a list, a DataLoader or a generator of (x, y) batches, got a {type(batches).__name__}")
+    if isinstance(batches, (list, tuple)):
+        if len(batches) < at_least:
+            need = (f"at least {at_least} (without arch_batches every other batch is a D_alpha batch)" if at_least > 1 else "one")
+            raise ValueError(f"{what} gave {len(batches)} batch{'es' if len(batches) != 1 else ''}, expected {need}")
+        for i, batch in enumerate(batches[:at_least]):
+            as_pair(batch, what, i)
 
 
 class BatchStream:
@@ -470,9 +467,11 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
         loss_fn: ``(model, x, y) -> (logits, loss)``; default :func:`nanogpt_loss`.
         seed: the seed of the alphas (a plain model), the selection order and the scoring.
         progress: a tqdm bar on a terminal.
-        selection_batches: the read-off's fixed batches; default the first batches of a fresh
-            pass over D_alpha holding ``cfg.selection_windows`` windows. The first batch's first
-            ``cfg.monitor_windows`` rows are the collapse monitor's Hessian batch.
+        selection_batches: the read-off's fixed batches; default, for D_alpha batches given as a
+            list, its first batches holding ``cfg.selection_windows`` windows, and otherwise the
+            next such batches of the D_alpha stream when the read-off begins. The first fixed
+            batch's first ``cfg.monitor_windows`` rows are the collapse monitor's Hessian batch
+            (none when the batches are drawn at the read-off: entropies only).
         valid_batches: batches on which the supernet's valid loss is measured at each
             evaluation (``valid/loss`` in TensorBoard, ``on_eval``'s metrics); default none.
         out: a run folder for ``checkpoint.pt`` (every ``checkpoint_every`` steps, at each
@@ -558,16 +557,30 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     weights = BatchStream(train_batches, "train_batches", device)
     alphas = BatchStream(arch_batches, "arch_batches", device) if arch_batches is not None else weights
     d_alpha, every, offset = (arch_batches, 1, 0) if arch_batches is not None else (train_batches, 2, 1)
-    fixed = list(selection_batches) if selection_batches is not None else first_batches(
-        d_alpha, cfg.selection_windows, "arch_batches" if arch_batches is not None else "train_batches", every, offset)
-    hessian = tuple(t[:cfg.monitor_windows].to(device) for t in fixed[0]) if cfg.monitor_windows else None
+    d_name = "arch_batches" if arch_batches is not None else "train_batches"
+    fixed = [as_pair(b, "selection_batches", i) for i, b in enumerate(selection_batches)] if selection_batches is not None \
+        else first_batches(d_alpha, cfg.selection_windows, d_name, every, offset) if isinstance(d_alpha, (list, tuple)) else None
+    hessian = tuple(t[:cfg.monitor_windows].to(device) for t in fixed[0]) if cfg.monitor_windows and fixed else None
+    if cfg.early_stop == "hessian" and hessian is None:
+        raise ValueError("autoln.search: cfg.early_stop='hessian' needs a fixed Hessian batch: pass selection_batches "
+                         "(its first batch serves), or arch_batches as a list")
+    drawn: list = []
+
+    def selection() -> list:  # the read-off's fixed batches; drawn from D_alpha at the read-off when not given
+        if fixed is not None:
+            return fixed
+        if not drawn:
+            drawn.append(alphas())
+            while sum(len(b[0]) for b in drawn) < cfg.selection_windows:
+                drawn.append(alphas())
+        return drawn
 
     def load(state: dict) -> None:
         weights.load_state_dict(state["w"])
         if alphas is not weights:
             alphas.load_state_dict(state["alpha"])
 
-    data = SearchData(weights, alphas, lambda mix: evaluate_batches(model, fixed, device, mix=mix),
+    data = SearchData(weights, alphas, lambda mix: evaluate_batches(model, selection(), device, mix=mix),
                       valid=(lambda: {"loss": evaluate_batches(model, valid_batches, device)}) if valid_batches is not None else None,
                       state_dict=lambda: {"w": weights.state_dict(), "alpha": alphas.state_dict()}, load_state_dict=load)
     header = {"kind": "api-search", "config": {**asdict(cfg), "seed": seed, "sites": list(model.site_names)}}
