@@ -80,8 +80,9 @@ def gaps(rows: list[dict]) -> dict:
     out = {}
     for r in rows:
         if not is_baseline(r["genotype"]) and r["valid"]:
+            one = len(r["valid"]) < 2 or len(best["valid"]) < 2  # no standard deviation: no verdict
             out[r["genotype"]] = {"gap": statistics.mean(r["valid"]) - statistics.mean(best["valid"]),
-                                  "verdict": verdict(r["valid"], best["valid"])}
+                                  "verdict": "one seed, no verdict against" if one else verdict(r["valid"], best["valid"])}
     return {"best_baseline": best["genotype"], "gaps": out}
 
 
