@@ -199,6 +199,7 @@ class SearchLoop:
             self.weight_step = WEIGHT_STEPS[self.sc.weight_mode]
         self.opt_w, self.sched_w = weight_optimizer(self.model.named_weight_parameters(), self.sc)
         self.architect = Architect(self.model, self.sc)
+        self.session = time.perf_counter()  # reset when :meth:`run` starts
         self.pieces = [*([self.checkpointing] if self.checkpointing is not None else []), *self.callbacks]
 
     def emit(self, hook: str, *args) -> None:
@@ -230,7 +231,7 @@ class SearchLoop:
 
     def wall_time(self) -> float:
         """Seconds of bilevel steps and read-off so far, over every session of a resumed run."""
-        return self.state["wall_time_s"] + time.perf_counter() - getattr(self, "session", time.perf_counter())
+        return self.state["wall_time_s"] + time.perf_counter() - self.session
 
     def diverged(self, step: int, what: str, state: dict) -> None:
         """Apply ``search.on_divergence`` to a non-finite step (its update was not applied)."""
@@ -317,11 +318,11 @@ class SearchLoop:
                 if not all(math.isfinite(v) for v in (loss_a, s["loss_w"], s["grad_norm"])):
                     self.diverged(sc.steps + tuned[0], f"L_w={s['loss_w']}, L_alpha={loss_a} (fine-tuning of "
                                   "perturbation-based selection)", tune_state)
-            self.emit_check("during perturbation-based selection (which starts again from the checkpoint of the "
+            self.stop_if_signalled("during perturbation-based selection (which starts again from the checkpoint of the "
                             "search's last step)")
             self.emit("on_decided")
 
-        self.emit_when("after this site's decision and fine-tuning (the selection starts again from the checkpoint of "
+        self.set_stop_when("after this site's decision and fine-tuning (the selection starts again from the checkpoint of "
                        "the search's last step)")
         order = [int(i) for i in np.random.default_rng([self.seed, 6]).permutation(len(self.model.site_names))]
         self.emit("on_selection_start", len(order), "perturbation selection", "site")
@@ -337,12 +338,12 @@ class SearchLoop:
         """Genotype scoring (SPOS, Guo et al. 2020): whole genotypes imposed one-hot, the lowest
         selection loss wins; no weight changes."""
         where = "during genotype scoring (which starts again from the checkpoint of the search's last step)"
-        self.emit_when(where)
+        self.set_stop_when(where)
         self.emit("on_selection_start", None, "scoring genotypes", "genotype")
 
         def scored_one(_: int) -> None:
             self.emit("on_decided")
-            self.emit_check(where)
+            self.stop_if_signalled(where)
 
         try:
             scored = self.score_select(self.model, self.data.selection_loss, self.seed, progress=scored_one)
@@ -350,12 +351,12 @@ class SearchLoop:
             self.emit("on_selection_end")
         return ReadOff(scored.choices, self.model.probabilities(), "score", self.sc.steps, scored=scored)
 
-    def emit_when(self, when: str) -> None:
+    def set_stop_when(self, when: str) -> None:
         """Tell the checkpointing piece what a stop signal does from now on."""
         if self.checkpointing is not None:
             self.checkpointing.signals.when = when
 
-    def emit_check(self, where: str) -> None:
+    def stop_if_signalled(self, where: str) -> None:
         """Stop here (raise :class:`autoln.checkpoint.Interrupted`) when a stop signal came."""
         if self.checkpointing is not None:
             self.checkpointing.stop_if_signalled(where)

@@ -89,7 +89,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, method: str
     for s in seeds:
         seeded = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, seed=s))
         if method == "default" and s == base.search.seed:
-            path, wall = searched_genotype(seeded, name, out), None  # validate's own search
+            path = searched_genotype(seeded, name, out)  # validate's own search
             wall = Genotype.load(path).provenance["metrics"]["wall_time_s"]
         else:
             path, wall = answer(seeded, method, s, out / name / "dependable" / f"{method}-seed{s}")  # a label of its own

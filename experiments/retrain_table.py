@@ -398,8 +398,6 @@ def summary(rows: list[Row]) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
-
     from autoln.cli import OneLineParser, guarded
 
     p = OneLineParser(prog="retrain_table.py", description=__doc__.split("\n\n")[0])
@@ -420,7 +418,6 @@ def main(argv=None) -> int:
     sim.add_argument("--rungs", default="100,300")
     sim.add_argument("--eta", type=int, default=3)
     args = p.parse_args(argv)
-    del argparse
 
     def body() -> None:
         if args.command == "record":
