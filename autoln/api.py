@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SearchConfig
-from .errors import GenotypeError, OutputError
+from .errors import GenotypeError, OutputError, cut, quoted
 from .mixing import MIXINGS
 from .model import Site, TransformerLM
 from .placements import parse_name, placement_names
@@ -217,16 +218,18 @@ class SiteGenotype:
         Raises:
             GenotypeError: naming ``source`` and the field: wrong format or version, an unknown
                 candidate, a site whose placement is not a candidate, probabilities that are not
-                ``K`` finite non-negative numbers summing to 1.
+                ``K`` finite non-negative numbers summing to 1. Names and values from the file
+                are quoted bounded (:func:`autoln.errors.quoted`), so a huge one still gives
+                one short line.
         """
         def fail(key: str, why: str) -> GenotypeError:
-            return GenotypeError(f"{source}: field '{key}': {why}")
+            return GenotypeError(f"{source}: field '{cut(key)}': {why}")
 
         if not isinstance(obj, dict) or obj.get("format") != SITE_FORMAT or obj.get("version") != 1:
             raise fail("format", f"expected format {SITE_FORMAT!r} version 1 (a genotype of autoln.search)")
         cands = obj.get("candidates")
         if not isinstance(cands, list) or len(cands) < 1 or any(c not in placement_names() for c in cands):
-            raise fail("candidates", f"expected names of {placement_names()}, got {cands!r}")
+            raise fail("candidates", f"expected names of {placement_names()}, got {quoted(cands)}")
         sites, probs = obj.get("sites"), obj.get("probabilities")
         if not isinstance(sites, dict) or not sites:
             raise fail("sites", "expected an object: site module name -> placement")
@@ -234,12 +237,12 @@ class SiteGenotype:
             raise fail("probabilities", "expected one list per site, for the same sites")
         for name, placement in sites.items():
             if placement not in cands:
-                raise fail(f"sites.{name}", f"expected one of the candidates {cands}, got {placement!r}")
+                raise fail(f"sites.{name}", f"expected one of the candidates {quoted(cands)}, got {quoted(placement)}")
             row = probs[name]
             if not isinstance(row, list) or len(row) != len(cands) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in row) \
                     or abs(sum(row) - 1.0) > 1e-4:
-                raise fail(f"probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1, got {row!r}")
+                raise fail(f"probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1, got {quoted(row)}")
         provenance = obj.get("provenance", {})
         return cls(list(cands), dict(sites), {k: [float(v) for v in r] for k, r in probs.items()},
                    provenance if isinstance(provenance, dict) else {})
@@ -372,6 +375,11 @@ def default_config(steps: int) -> SearchConfig:
     return SearchConfig(steps=steps, warmup_steps=min(50, steps // 10), arch_warmup_steps=min(100, steps // 5))
 
 
+#: The settings of :func:`search` that only say how fast it runs (:data:`autoln.config.PLACE_KEYS`
+#: without their section): they may change on ``resume``. The model's own device is the user's.
+API_PLACE_KEYS = ("device", "compile", "precision")
+
+
 def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> Optional[dict]:
     """For :func:`search` with ``out``: the checkpoint to continue from (``resume``), or None.
 
@@ -381,7 +389,7 @@ def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> O
             kind's.
         ConfigError: with ``resume``, settings that differ from the checkpoint's (named).
     """
-    from .checkpoint import config_differences
+    from .checkpoint import NOT_BITWISE, resume_differences
     from .errors import ConfigError
     from .training import CHECKPOINT_FILE, check_out_dir
 
@@ -405,9 +413,11 @@ def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> O
         raise OutputError(f"resume: {path} is not a readable autoln checkpoint ({type(exc).__name__})") from None
     if not isinstance(ckpt, dict) or ckpt.get("kind") != header["kind"]:
         raise OutputError(f"resume: {path} is not a checkpoint of autoln.search")
-    diffs = config_differences(ckpt["config"], header["config"])
+    diffs, place = resume_differences(ckpt["config"], header["config"], place_keys=API_PLACE_KEYS)
     if diffs:
         raise ConfigError(f"resume: the settings differ from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs))
+    if place:
+        print(f"note: resume with {'; '.join(place)}: {NOT_BITWISE}", file=sys.stderr)
     return ckpt
 
 
@@ -492,7 +502,9 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
     Raises:
         ConfigError: an invalid ``cfg`` (the message names the key); with ``resume``, other
             settings than the checkpoint's.
-        OutputError: ``out`` unusable, or holding a run (see ``resume``, ``overwrite``).
+        OutputError: ``out`` unusable, or holding a run (see ``resume``, ``overwrite``);
+            its :class:`~autoln.errors.WriteError` when a file in ``out`` cannot be written
+            for want of space (the previous checkpoint is kept; resume once there is space).
         ValueError: as :class:`SearchModel`; batches that run out at once; ``tensorboard``
             or ``resume`` without ``out``.
         DivergenceError: a NaN/inf loss under ``cfg.on_divergence: stop``.
@@ -500,7 +512,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
     """
     from contextlib import ExitStack
 
-    from .checkpoint import StopSignals
+    from .checkpoint import StopSignals, space_errors_kept
     from .locks import FolderLock
 
     from .errors import ConfigError
@@ -538,6 +550,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
             out = Path(out)
             signals = stack.enter_context(StopSignals(out / "checkpoint.pt", resume_hint(out)))
             stack.enter_context(FolderLock(out, "autoln.search"))
+            stack.enter_context(space_errors_kept(out, resume_hint(out)))
         return _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
                        out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals)
 

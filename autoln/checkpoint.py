@@ -17,24 +17,33 @@ import random
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from . import distributed
-from .config import Config, with_defaults
-from .errors import ConfigError, OutputError
-from .commands import resume_command
+from .config import PLACE_KEYS, Config, with_defaults
+from .errors import ConfigError, OutputError, cut
+from .commands import again_command, resume_command
 from .io import remove_stale_temps, save_torch_atomic
 from .errors import DivergenceError
 from .training import CHECKPOINT_FILE
 
 #: Config sections that may differ on ``--resume`` (they do not change what is computed).
 RESUME_FREE = ("logging", "checkpoint")
+#: The sections that define what each kind of run computes: a search does not read ``retrain``
+#: or ``tune``, a retrain does not read ``search`` or ``tune``, so those may differ on ``--resume``.
+RESULT_SECTIONS = {"search": ("data", "model", "search"), "retrain": ("data", "model", "retrain")}
+#: The end of the note printed when a key of :data:`autoln.config.PLACE_KEYS` changes on resume.
+NOT_BITWISE = "the run goes on from its checkpoint, but is no longer bitwise equal to an uninterrupted run"
 #: The end of a stop message when no checkpoint exists yet.
 NOTHING_TO_RESUME = "so there is nothing to resume: run the command again"
+#: How a new run goes in the folder of a diverged one, whose checkpoint would refuse it (a
+#: resume with the new settings is refused too): for the divergence messages.
+NEW_RUN = "--overwrite replaces this one, or choose another --out"
 
 
 def rng_state() -> dict[str, Any]:
@@ -79,6 +88,24 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
     return out
 
 
+def resume_differences(saved: dict, current: dict, kind: Optional[str] = None,
+                       place_keys: tuple[str, ...] = PLACE_KEYS) -> tuple[list[str], list[str]]:
+    """How a checkpoint's config ``saved`` (already through :func:`autoln.config.with_defaults`)
+    differs from ``current``, split in two lists of ``key (checkpoint X, now Y)``: keys that
+    change what the run computes, which refuse a resume, and keys of ``place_keys`` (where and
+    how fast it runs: device, compile, precision, the token cache's folder), which may change
+    (a run moves from a GPU to a CPU when a lease ends; the checkpoint is portable). ``kind``
+    (``search`` or ``retrain``): only its :data:`RESULT_SECTIONS` are compared; None: all but
+    :data:`RESUME_FREE`."""
+    keep = RESULT_SECTIONS.get(kind) if kind else None
+    if keep is not None:
+        saved = {k: v for k, v in saved.items() if k in keep}
+        current = {k: v for k, v in current.items() if k in keep}
+    diffs = config_differences(saved, current)
+    place = [d for d in diffs if d.split(" ", 1)[0] in place_keys]
+    return [d for d in diffs if d not in place], place
+
+
 def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
                     check: Optional[Callable[[dict[str, Any]], None]] = None) -> Optional[dict[str, Any]]:
     """The checkpoint of the ``kind`` run (``search`` or ``retrain``) in ``out`` for
@@ -90,14 +117,15 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
     Raises:
         OutputError: ``out`` is missing or holds a finished run, the checkpoint is unreadable or
             of another kind of run.
-        ConfigError: the checkpoint's config differs from ``cfg``; the message names every
-            differing key.
+        ConfigError: the checkpoint's config differs from ``cfg`` in a key that changes what
+            the run computes (:func:`resume_differences`); the message names every such key.
+            A key of :data:`autoln.config.PLACE_KEYS` may differ: a ``note:`` line names it.
     """
     if not out.is_dir():
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
     if (out / finished).exists():
         raise OutputError(f"--resume: {out} holds a finished {kind} ({finished}); nothing to resume "
-                          "(--overwrite starts it again)")
+                          "(to start it again, run the command with --overwrite in place of --resume)")
     path = out / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -110,10 +138,12 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
         raise OutputError(f"--resume: {path} is a {found!r} checkpoint, not a {kind!r} one")
     if check is not None:
         check(ckpt)
-    diffs = config_differences(with_defaults(ckpt["config"]), cfg.to_dict())
+    diffs, place = resume_differences(with_defaults(ckpt["config"]), cfg.to_dict(), kind)
     if diffs:
         raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
-                          + f". Resume with the run's own config ({out / 'config.yaml'}) or start a new run")
+                          + f". Resume with the run's own config (--config {out / 'config.yaml'}) or start a new run")
+    if place and distributed.is_main():
+        print(f"note: --resume with {'; '.join(place)}: {NOT_BITWISE}", file=sys.stderr)
     return ckpt
 
 
@@ -168,8 +198,9 @@ class StopSignals:
             second = self._count >= 2
         name = signal.Signals(signum).name
         if not second:
-            sys.stderr.write(f"\n{name}: stopping {self.when}; send it again (e.g. Ctrl-C) to stop at once\n")
-            sys.stderr.flush()
+            if distributed.is_main():  # torchrun sends each process the signal: one acknowledgement
+                sys.stderr.write(f"\n{name}: stopping {self.when}; send it again (e.g. Ctrl-C) to stop at once\n")
+                sys.stderr.flush()
             return
         if self.checkpoint is not None:
             remove_stale_temps(self.checkpoint)  # a checkpoint being written now is abandoned, not half-kept
@@ -177,11 +208,12 @@ class StopSignals:
             kept = (f"the last checkpoint written ({self.checkpoint}) stays on disk; continue with: "
                     f"{self.resume_hint or resume_command(self.checkpoint.parent)}")
         elif self.checkpoint is not None:
-            kept = f"no checkpoint was written yet, {NOTHING_TO_RESUME}"
+            kept = f"no checkpoint was written yet, {NOTHING_TO_RESUME}{'' if self.resume_hint else ': ' + again_command()}"
         else:
             kept = "the last checkpoint written stays on disk"
-        sys.stderr.write(f"\nsecond signal ({name}): stopping at once; {kept}\n")
-        sys.stderr.flush()
+        if distributed.is_main():
+            sys.stderr.write(f"\nsecond signal ({name}): stopping at once; {kept}\n")
+            sys.stderr.flush()
         os._exit(128 + signum)
 
     def _handle(self, signum, frame) -> None:
@@ -235,6 +267,48 @@ class StopSignals:
         self._saved.clear()
 
 
+def space_message(exc: OSError, checkpoint: Optional[Path], hint: str) -> str:
+    """The one line of a write that failed for want of space (``exc``: an ``OSError`` whose
+    ``filename`` is the file, :func:`autoln.io.write_failure`): the file and the cause, the
+    previous ``checkpoint`` kept (or none written yet), and ``hint``, the command that goes on."""
+    import errno as errno_names
+
+    cause = exc.strerror or str(exc)
+    if exc.errno == errno_names.EFBIG:
+        cause += " (over this process's file-size limit, ulimit -f)"
+    if checkpoint is None:
+        kept = "the files written before it are kept"
+    elif checkpoint.is_file():
+        kept = f"the previous checkpoint {checkpoint} is kept"
+    else:
+        kept = f"no checkpoint had been written in {checkpoint.parent} yet"
+    file = cut(str(exc.filename)) if exc.filename else "a file (the library that wrote it did not say which)"
+    return f"cannot write {file}: {cause}; {kept}. Once there is space, continue with: {hint}"
+
+
+@contextmanager
+def space_errors_kept(out: Path, resume_hint: Optional[str] = None) -> Iterator[None]:
+    """Around a run in ``out``: a write that fails for want of space (:func:`autoln.io.is_space_error`,
+    at any writer: checkpoint, event file, ``metrics.json``, genotype, figures) becomes a
+    :class:`autoln.errors.WriteError` whose one line names the file, the cause, the kept
+    checkpoint and the command that resumes (``resume_hint``, default :func:`autoln.commands.resume_command`).
+    Writes are atomic (:mod:`autoln.io`), so the previous checkpoint is whole and ``--resume``
+    continues from it once there is space.
+
+    Raises:
+        WriteError: as above; every other exception passes unchanged."""
+    from .errors import WriteError
+    from .io import is_space_error, os_error_in
+
+    try:
+        yield
+    except Exception as exc:
+        if not is_space_error(exc):
+            raise
+        cause = os_error_in(exc)
+        raise WriteError(space_message(cause, Path(out) / CHECKPOINT_FILE, resume_hint or resume_command(Path(out)))) from None
+
+
 class Interrupted(KeyboardInterrupt):
     """A run stopped by SIGINT or SIGTERM after writing its checkpoint; ``signum`` is the
     signal (the command exits with ``128 + signum``: 130 or 143)."""
@@ -278,8 +352,21 @@ class Checkpointer:
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int, state: dict[str, Any]) -> None:
-        """Write ``state`` (with the random states) as the checkpoint of ``step``, atomically."""
+        """Write ``state`` (with the random states) as the checkpoint of ``step``, atomically;
+        a checkpoint file removed since the last one is simply written again. First checks
+        that this process still holds its folders (:func:`autoln.locks.check_held`: a removed
+        lock file is re-created).
+
+        Raises:
+            StateLost: the run folder was removed, or another command took it after its lock
+                file was removed (nothing is written then; the message names the last good
+                checkpoint and the command that continues).
+        """
         if self.write:
+            from .locks import check_held
+
+            check_held(f"; {self.describe()}, unless that command has replaced it; once it has ended, continue with: "
+                       f"{self.resume_hint or resume_command(self.path.parent)}")
             save(self.path, state)
         self.last_step = step
 
@@ -310,10 +397,16 @@ class Checkpointer:
         if not signals.requested(device):
             return
         if self.last_step is None:
-            kept = f"no checkpoint was written, {NOTHING_TO_RESUME}"
+            kept = f"no checkpoint was written, {NOTHING_TO_RESUME}{'' if self.resume_hint else ': ' + again_command()}"
         else:
             kept = f"{self.path} holds step {self.last_step}; continue with: {self.resume_hint or resume_command(self.path.parent)}"
         raise Interrupted(signals.received or signal.SIGTERM, f"stopped by signal {where}; {kept}")
+
+    def new_run(self) -> str:
+        """For a divergence message: how a new run goes in this folder (`` (--overwrite replaces
+        this one, ...)``, :data:`NEW_RUN`), or nothing when a ``resume_hint`` names the caller's
+        own way (``autoln.search``'s ``overwrite=True``)."""
+        return "" if self.resume_hint else f" ({NEW_RUN})"
 
     def describe(self) -> str:
         """Where the last good checkpoint is, for messages."""
@@ -331,7 +424,7 @@ class Checkpointer:
                 and the last good checkpoint.
         """
         if policy == "stop":
-            raise DivergenceError(f"{section} diverged at step {step}: {what}; {self.describe()}. Try a new run with a "
+            raise DivergenceError(f"{section} diverged at step {step}: {what}; {self.describe()}. Try a new run{self.new_run()} with a "
                                   f"lower {section}.lr or more {section}.warmup_steps, or {section}.on_divergence=skip_batch")
         state["skipped_batches"] += 1
         log.scalar("train/skipped_batches", state["skipped_batches"], step)

@@ -9,11 +9,12 @@
 Exit status: 0 on success, 2 for bad input (config, data, genotype, output folder, or a file
 the system refuses; one line ``error: ...`` naming the file or field, no traceback), 3 when
 training diverged (``on_divergence: stop``), 4 out of memory, 5 when a ``--workers`` process
-died, 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, after the run's checkpoint is written;
+(or another ``torchrun`` process) died, 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, after the run's checkpoint is written;
 ``--resume`` continues from it.
 
 Data-parallel: ``torchrun --nproc_per_node N search.py ...`` (or ``retrain.py``) trains one
-model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes.
+model across N processes (:mod:`autoln.distributed`); only rank 0 prints and writes. Each
+process exits with the status above; torchrun itself exits 1 on any failure (docs/scale.md).
 ``--tune``, ``--seeds`` and ``--compare`` run several jobs and take ``--workers N`` (processes
 on this machine) instead; ``--tune`` and ``--compare`` refuse ``torchrun``.
 """
@@ -26,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .commands import command_line, tensorboard_line
+from .commands import again_command, resume_command, script_line, tensorboard_line
 from .errors import AutolnError, DivergenceError
 
 EXIT_BAD_INPUT = 2
@@ -80,57 +81,108 @@ def _check_resume(p: argparse.ArgumentParser, args: argparse.Namespace, *others:
             p.error(f"--resume does not apply to --{option} (re-running that command resumes it)")
 
 
-def guarded(body: Callable[[], None]) -> int:
+def guarded(body: Callable[[], None], resume: Optional[Callable[[], Optional[str]]] = None) -> int:
     """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an
-    exit status; leave the ``torchrun`` process group, if any, at the end."""
-    say = print
+    exit status; under ``torchrun`` rank 0 prints the line, every process exits with the status
+    and leaves the process group at the end (:func:`autoln.distributed.finish`). ``resume()``:
+    the command that continues the run once memory is free (the out-of-memory line's), None
+    while the run folder is not known yet; default (and None) :func:`autoln.commands.again_command`."""
+    said: list[str] = []
     try:
-        from . import distributed  # inside the try: Ctrl-C may come while torch imports
+        code = _guarded(body, _on_main(said), resume)
+    except BaseException as exc:  # a bug: its traceback goes to torchrun's summary too
+        distributed = sys.modules.get("autoln.distributed")
+        if distributed is not None:
+            distributed.finish(1, said, exc) if isinstance(exc, Exception) else distributed.shutdown()
+        raise
+    distributed = sys.modules.get("autoln.distributed")  # None: Ctrl-C came while torch imported
+    return code if distributed is None else distributed.finish(code, said)
 
-        say = _on_main(distributed)
+
+def _guarded(body: Callable[[], None], say: Callable[..., None], resume: Optional[Callable[[], Optional[str]]] = None) -> int:
+    """:func:`guarded`'s exit status for ``body``, its lines given to ``say``."""
+    try:
+        from . import distributed  # noqa: F401 - imported inside the try: Ctrl-C may come while torch imports
+
         try:
             body()
         except DivergenceError as exc:
             say(f"error: {exc}", file=sys.stderr)
             return EXIT_DIVERGED
-        finally:
-            distributed.shutdown()
     except AutolnError as exc:
         say(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (MemoryError, RuntimeError) as exc:  # RuntimeError: torch's allocators (CPU and CUDA)
         from concurrent.futures.process import BrokenProcessPool
 
+        from .io import os_error_in
         from .resources import is_out_of_memory
+
+        from .commands import again_command
 
         if isinstance(exc, BrokenProcessPool):
             say("error: a --workers process died (killed by a signal, or by the system's out-of-memory killer); finished "
-                "runs and checkpoints on disk are kept: run the command again to go on (with fewer --workers if memory "
-                "was short)", file=sys.stderr)
+                f"runs and checkpoints on disk are kept: run the command again to go on: {again_command()} (with fewer "
+                "--workers if memory was short)", file=sys.stderr)
             return EXIT_WORKER_DIED
+        if "autoln.distributed" in sys.modules and sys.modules["autoln.distributed"].peer_lost(exc):  # another torchrun process ended
+            say(f"error: another process of this torchrun job ended while this one waited for it ({sys.modules['autoln.distributed'].peer_lost_cause(exc)}); "
+                "its own error line, or torchrun's summary of failures, says why; checkpoints already written are kept",
+                file=sys.stderr)
+            return EXIT_WORKER_DIED
+        if os_error_in(exc) is not None and not is_out_of_memory(exc):  # a library's report of a refused write
+            say(f"error: {os_error_line(os_error_in(exc))}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         if not is_out_of_memory(exc):
             raise
         say(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. The run folder keeps its last "
-            "checkpoint (continue with --resume once memory is free); or lower model.context, the batch_size or the model's "
-            "size (model.d_model, model.n_layers, model.d_ff) and start again", file=sys.stderr)
+            f"checkpoint; once memory is free, continue with: {(resume() if resume else None) or again_command()}; or lower "
+            "model.context, the batch_size or the model's size (model.d_model, model.n_layers, model.d_ff) and start a new "
+            "run (--overwrite replaces this one, or choose another --out)", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
     except OSError as exc:  # a file the system refuses (permissions, full disk, ...)
-        say(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"error: {os_error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         # a bare KeyboardInterrupt came outside a run's steps (imports, config, between the runs of
         # --seeds/--tune/--compare): nothing half-done is kept, finished runs and checkpoints are
+        from .commands import again_command
+
         say(f"interrupted: {exc}" if str(exc) else "interrupted before a run started, or between runs: finished runs and "
-            "checkpoints on disk are kept; run the command again to go on", file=sys.stderr)
+            f"checkpoints on disk are kept; run the command again to go on: {again_command()}", file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     return 0
 
 
-def _on_main(distributed) -> Callable[..., None]:
-    """``print`` for rank 0 only once a process group exists (each process raises the same
-    error, so one copy is enough); plain ``print`` before that."""
+def os_error_line(exc: OSError) -> str:
+    """The line for a file the system refuses: its name and the cause; for a want of space
+    (:data:`autoln.io.SPACE_ERRNOS`; inside a run, :func:`autoln.checkpoint.space_errors_kept`
+    has said it already) what is kept and the command to run again once there is space."""
+    from .checkpoint import space_message
+    from .commands import rerun_line
+    from .io import SPACE_ERRNOS
+
+    if exc.errno in SPACE_ERRNOS:
+        again = rerun_line(sys.argv[0], *(a for a in sys.argv[1:] if a != "--overwrite"))
+        return space_message(exc, None, again)
+    from .errors import cut
+
+    return f"{cut(str(exc.filename or ''))}: {exc.strerror or exc}"  # a path can be 128 KiB long
+
+
+def _on_main(said: list) -> Callable[..., None]:
+    """``print`` that appends each message to ``said`` and prints it on rank 0 only: under
+    ``torchrun`` every process raises the same error for the same input, before the process
+    group exists or after, so one copy is enough (the rank from ``RANK``, as
+    :func:`autoln.distributed.is_main`; another rank prints its own only when it failed alone,
+    :func:`autoln.distributed.finish`)."""
+    import os
+
+    main = int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
+
     def say(*args, **kwargs) -> None:
-        if distributed.is_main():
+        said.append(kwargs.get("sep", " ").join(str(a) for a in args))
+        if main:
             print(*args, **kwargs)
     return say
 
@@ -195,7 +247,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.seeds is not None:
             _refuse_torchrun("--seeds")
             return _seeds(cfg, args)
-        out = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
+        out = where["out"] = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
         result = run_search(cfg, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
@@ -207,17 +259,19 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         selection = result.genotype.provenance["selection"]
         if selection.get("skipped_batches"):
             _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
-        _print_sites(result.genotype)
-        print("next: " + command_line("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
-        print("      " + tensorboard_line(result.path.parent) + "   # this search's alphas and curves (alphas.png in the folder too)")
+        _print_sites(result.genotype, result.path.parent)
+        print("next: " + script_line("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
+        if cfg.logging.tensorboard:  # else the folder holds no event files to show
+            print("      " + tensorboard_line(result.path.parent) + "   # this search's alphas and curves (alphas.png in the folder too)")
 
-    return guarded(body)
+    where: dict = {}  # the run folder, once known: the out-of-memory line's resume command
+    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None)
 
 
-def _print_sites(g) -> None:
-    """After a search: the per-site probabilities and choice, the loss rises of perturbation-based
+def _print_sites(g, folder: Path) -> None:
+    """After a search (in ``folder``): the per-site probabilities and choice, the loss rises of perturbation-based
     selection or the best scored genotypes, and notes on the sites whose answer is weak (no clear winner, rises overruling
-    the probabilities, no candidate that helps)."""
+    the probabilities, no candidate that helps; the first with the ``--seeds 3`` command of the same search)."""
     from .consensus import site_choices
     from .genotype import site_rows
     from .run_search import genotype_markdown, undecided_sites
@@ -250,7 +304,7 @@ def _print_sites(g) -> None:
     undecided = undecided_sites(probs, sites)
     if undecided:
         print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
-              "check the answer's agreement across seeds with --seeds 3")
+              f"check the answer's agreement across seeds with: {script_line('search.py', '--seeds', '3', '--config', folder / 'config.yaml')}")
 
 
 def _seeds(cfg, args) -> None:
@@ -262,7 +316,7 @@ def _seeds(cfg, args) -> None:
     consensus, path = run_seeds(cfg, args.seeds, out, args.workers, args.overwrite)
     print((out / VOTES_FILE).read_text() + f"\nconsensus genotype: {' '.join(consensus.candidates[k] for k in consensus.choices)}"
           f"\nagreement: {consensus.agreement:.0%} of sites\nwrote {path}, {out / VOTES_FILE}")
-    print("next: " + command_line("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
+    print("next: " + script_line("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
 
 
 def _tune(cfg, args) -> None:
@@ -279,10 +333,10 @@ def _tune(cfg, args) -> None:
         print("no trial completed: no best genotype (see trials.md for each trial's reason)")
     print(f"wrote {out / 'trials.md'}, {out / 'trials.csv'}, {out / 'plots'}")
     if c.finished < cfg.tune.n_trials:
-        print("note: the study is not finished (a worker died?); re-run the same command to finish it")
+        print(f"note: the study is not finished (a worker died?); run the command again to finish it: {again_command()}")
     elif result.best_number is not None:
         best = out / "best_genotype.json"
-        print("next: " + command_line("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
+        print("next: " + script_line("retrain.py", "--genotype", best, "--config", out / "config.yaml"))
 
 
 DEFAULT_BASELINES = "all-pre,all-post,all-deepnorm,mix-ln,pre-post,all-peri,all-outnorm,all-lns,all-none"  # autoln.genotype.BASELINES (a test keeps them equal)
@@ -327,7 +381,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
 
         spec = args.genotype[0]
         tag = spec if is_baseline(spec) else ""
-        out = _shared_out(args.out or default_out_dir("retrain", tag), cfg.retrain.device)
+        out = where["out"] = _shared_out(args.out or default_out_dir("retrain", tag), cfg.retrain.device)
         result = run_retrain(cfg, spec, out, args.overwrite, resume=args.resume)
         if not distributed.is_main():
             return
@@ -342,11 +396,13 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         _skipped_note(json.loads(result.path.read_text())["skipped_batches"], cfg.retrain.steps)
         genotype = () if is_baseline(spec) else ("--genotype", spec)
         runs = 3 * (len(DEFAULT_BASELINES.split(",")) + (0 if is_baseline(spec) else 1))
-        print("next: " + command_line("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
+        print("next: " + script_line("retrain.py", "--compare", *genotype, "--seeds", "3", "--config", Path(out) / "config.yaml")
               + f"   # against the named baselines, 3 seeds each ({runs} retrains: {compare_time(result, cfg, runs)})")
-        print("      " + tensorboard_line(Path(out)) + "   # this run's curves (one run per --logdir keeps others off its charts)")
+        if cfg.logging.tensorboard:  # else the folder holds no event files to show
+            print("      " + tensorboard_line(Path(out)) + "   # this run's curves (one run per --logdir keeps others off its charts)")
 
-    return guarded(body)
+    where: dict = {}  # the run folder, once known: the out-of-memory line's resume command
+    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None)
 
 
 def compare_time(result, cfg, runs: int) -> str:
@@ -367,4 +423,5 @@ def _compare(cfg, args) -> None:
     out = Path(args.out) if args.out else default_out_dir("compare")
     run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite, args.workers)
     print((out / "compare.md").read_text() + f"\nwrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'valid_curves.png'}")
-    print("next: " + tensorboard_line(out) + "   # every run's curves, one folder per genotype and seed")
+    if cfg.logging.tensorboard:  # else the runs' folders hold no event files to show
+        print("next: " + tensorboard_line(out) + "   # every run's curves, one folder per genotype and seed")

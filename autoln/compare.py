@@ -185,7 +185,7 @@ def reuse_same_placements(source: Path, entry: "Entry", run_dir: Path) -> dict:
     comparison, same placements, seed and config) as this entry's: its numbers, with
     ``genotype`` and ``genotype_file`` the entry's own file and ``same_run_as`` naming the run.
     Returns the record."""
-    metrics = {**read_metrics(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).to_dict(),
+    metrics = {**read_metrics(source), "genotype": entry.spec, "genotype_file": Genotype.load(entry.spec).record(entry.spec)[0],
                "same_run_as": str(source.parent.relative_to(source.parent.parent.parent))}
     write_json_atomic(run_dir / source.name, metrics)
     print(f"[compare] {entry.label} {run_dir.name}: the same placements and config as {metrics['same_run_as']}, a finished run "

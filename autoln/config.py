@@ -18,7 +18,9 @@ import copy
 import dataclasses
 import itertools
 import math
+import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,10 +29,12 @@ from typing import Any, Optional
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, cut, quoted
 from .placements import FIXED, NORMS, PLACEMENTS, RESIDUAL_INITS, parse_name, placement_names
 
 TOKENIZERS = ("bytes", "chars", "words", "bpe", "tokens")
+#: ``data.token_dtype``: the width of a token folder's ids (:func:`autoln.data.token_width`).
+TOKEN_DTYPES = ("auto", "uint16", "uint32")
 SCHEDULE_NAMES = ("cosine", "inverse_sqrt", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
 DIVERGENCE_POLICIES = ("stop", "skip_batch")
@@ -38,6 +42,14 @@ DIVERGENCE_POLICIES = ("stop", "skip_batch")
 AFFINES = ("learnable", "fixed", "search")
 GRANULARITIES = ("layer", "sublayer")
 OUTPUT_BIASES = ("unigram", "none")
+#: Characters a string value of a config may have (Linux's PATH_MAX): every string key is a path, a
+#: URL, a name or one of a few words, and a run copies the config into its ``config.yaml``,
+#: checkpoints, TensorBoard text and genotype, so a longer one is refused on read, naming the key.
+MAX_STRING = 4096
+#: Characters of YAML the resolved config of a file and ``--set`` may take (the defaults take
+#: about 2,000; a long ``tune.space`` a few thousand): checked after validation, naming the
+#: largest key, so no list (``tune.space`` choices) makes every run's copies large.
+MAX_CONFIG_YAML = 65_536
 
 
 @dataclass
@@ -54,10 +66,12 @@ class DataConfig:
     ``cache_dir``: where token arrays are cached (default ``$XDG_CACHE_HOME/autoln``).
 
     ``corpus`` may also be a folder of token files in nanoGPT's layout (``train.bin`` and
-    ``val.bin`` of ``uint16`` token ids, as its ``prepare.py`` writes them; ``val.bin``'s first
-    half is the valid split, its second the test split): ``tokenizer`` is then ``tokens``
-    (the default there) and ``vocab_size`` gives the vocabulary size, or the folder's
-    ``meta.pkl`` does.
+    ``val.bin`` of ``uint16`` token ids, as its ``prepare.py`` writes them, or ``uint32``;
+    ``val.bin``'s first half is the valid split, its second the test split): ``tokenizer`` is
+    then ``tokens`` (the default there) and ``vocab_size`` gives the vocabulary size, or the
+    folder's ``meta.pkl`` does. ``token_dtype``: the ids' width, ``auto`` (meta.pkl's ``dtype``
+    when it has one, else ``uint16`` up to 65,536 ids and ``uint32`` above:
+    :func:`autoln.data.token_width`), ``uint16`` or ``uint32``.
 
     ``tokenizer``: ``bytes`` (default), ``chars``, ``words``, ``bpe`` (a byte-level BPE of
     ``bpe_vocab_size`` tokens trained on the training split with Hugging Face ``tokenizers``,
@@ -69,6 +83,7 @@ class DataConfig:
     corpus: str = "stdlib"
     tokenizer: str = "bytes"
     vocab_size: Optional[int] = None
+    token_dtype: str = "auto"
     bpe_vocab_size: int = 4096
     tokenizer_file: Optional[str] = None
     valid_fraction: float = 0.05
@@ -79,6 +94,7 @@ class DataConfig:
 
     def validate(self) -> None:
         _one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        _one_of("data.token_dtype", self.token_dtype, TOKEN_DTYPES)
         for key in ("valid_fraction", "test_fraction", "arch_fraction"):
             value = getattr(self, key)
             if not 0.0 < value < 1.0:
@@ -152,7 +168,7 @@ class ModelConfig:
         for name in self.candidates:
             _one_of("model.candidates", name, tuple(placement_names()))
         if len(set(self.candidates)) != len(self.candidates):
-            raise ConfigError(f"model.candidates has duplicates: {self.candidates}")
+            raise ConfigError(f"model.candidates has duplicates: {quoted(self.candidates)}")
         _one_of("model.affine", self.affine, AFFINES)
 
     def searched_candidates(self) -> list[str]:
@@ -316,19 +332,37 @@ class SearchConfig(TrainConfig):
         if self.zero_one_weight > 0 and self.mixing != "sigmoid":
             raise ConfigError(f"search.zero_one_weight ({self.zero_one_weight}) needs search.mixing=sigmoid (got {self.mixing}): "
                               "Fair DARTS' zero-one loss pushes sigmoid(alpha) to 0 or 1, and only sigmoid mixing uses those weights")
-        if self.early_stop == "hessian":
-            evals = sorted({*range(self.eval_every, self.steps + 1, self.eval_every), self.steps})
-            late = [e for e in evals if e >= R_DARTS_START_FRACTION * self.steps]
-            if len(evals) < R_DARTS_MIN_EVALUATIONS or len(late) <= R_DARTS_LAG:
-                raise ConfigError(
-                    f"search.early_stop=hessian cannot stop with search.steps={self.steps} and search.eval_every={self.eval_every}: "
-                    f"R-DARTS compares {R_DARTS_MIN_EVALUATIONS} evaluations' eigenvalues and returns the architecture "
-                    f"{R_DARTS_LAG} evaluations back, not before {R_DARTS_START_FRACTION:.0%} of the steps; this search has "
-                    f"{len(evals)} evaluations ({len(late)} from that point). Lower search.eval_every "
-                    f"(e.g. --set search.eval_every={max(1, self.steps // 20)})")
+        if self.early_stop == "hessian" and not r_darts_can_stop(self.steps, self.eval_every):
+            evals, late = r_darts_evaluations(self.steps, self.eval_every)
+            why = (f"search.early_stop=hessian cannot stop with search.steps={self.steps} and search.eval_every={self.eval_every}: "
+                   f"R-DARTS compares {R_DARTS_MIN_EVALUATIONS} evaluations' eigenvalues and returns the architecture "
+                   f"{R_DARTS_LAG} evaluations back, not before {R_DARTS_START_FRACTION:.0%} of the steps; this search has "
+                   f"{evals} evaluations ({late} from that point)")
+            every = next((e for e in range(max(1, self.steps // 20), 0, -1) if r_darts_can_stop(self.steps, e)), None)
+            if every is not None:
+                raise ConfigError(f"{why}. Lower search.eval_every (e.g. --set search.eval_every={every})")
+            shortest = next(s for s in itertools.count(self.steps + 1) if r_darts_can_stop(s, 1))
+            raise ConfigError(f"{why}, and {self.steps} steps are too few even with search.eval_every=1: lengthen the search "
+                              f"or set search.early_stop=none (e.g. --set search.steps={shortest} --set search.eval_every=1)")
         if self.tau_start != self.tau_end and self.mixing == "sigmoid":
-            raise ConfigError(f"search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal (they are "
-                              f"{self.tau_start} and {self.tau_end}: e.g. --set search.tau_end={self.tau_start})")
+            raise ConfigError(f"search.tau_start/tau_end: sigmoid mixing has no temperature; leave both equal, they are "
+                              f"{self.tau_start} and {self.tau_end} (e.g. --set search.tau_end={self.tau_start})")
+
+
+def r_darts_evaluations(steps: int, eval_every: int) -> tuple[int, int]:
+    """The evaluations of a search of ``steps`` steps evaluated every ``eval_every`` steps (and at
+    its last step), and how many of them come at or after :data:`R_DARTS_START_FRACTION` of the
+    steps, where R-DARTS' rule (:mod:`autoln.monitor`) may stop it."""
+    evals = sorted({*range(eval_every, steps + 1, eval_every), steps})
+    return len(evals), len([e for e in evals if e >= R_DARTS_START_FRACTION * steps])
+
+
+def r_darts_can_stop(steps: int, eval_every: int) -> bool:
+    """Whether ``search.early_stop: hessian`` can stop such a search: at least
+    :data:`R_DARTS_MIN_EVALUATIONS` evaluations, more than :data:`R_DARTS_LAG` of them late
+    enough (:func:`r_darts_evaluations`)."""
+    evals, late = r_darts_evaluations(steps, eval_every)
+    return evals >= R_DARTS_MIN_EVALUATIONS and late > R_DARTS_LAG
 
 
 @dataclass
@@ -427,10 +461,10 @@ class TuneConfig:
             raise ConfigError(f"tune.grace_period ({self.grace_period}) must exceed tune.heartbeat_interval ({self.heartbeat_interval})")
         if self.storage is not None and "://" not in self.storage:
             raise ConfigError(f"tune.storage must be null (a journal file in the study folder) or an RDB URL such as "
-                              f"sqlite:///tune.db or postgresql+psycopg2://user@host/db, got {self.storage!r}")
+                              f"sqlite:///tune.db or postgresql+psycopg2://user@host/db, got {quoted(self.storage)}")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
             raise ConfigError(f"tune.study_name must be letters, digits, '.', '_' or '-' (not starting with '.'), "
-                              f"got {self.study_name!r}")
+                              f"got {quoted(self.study_name)}")
         if not self.space:
             raise ConfigError("tune.space must name at least one key to tune")
 
@@ -506,7 +540,7 @@ class Config:
                 try:
                     self._trial({key: value}).validate_sections()
                 except ConfigError as exc:
-                    raise ConfigError(f"tune.space['{key}']: the value {value!r} is invalid: {exc} "
+                    raise ConfigError(f"tune.space['{cut(key)}']: the value {quoted(value)} is invalid: {exc} "
                                       f"[change that range in tune.space: --set of a tuned key has no effect]") from None
         # then the corners of the space, where two tuned keys together can break a rule
         # (e.g. search.arch_warmup_steps at its top with search.steps at its bottom)
@@ -516,7 +550,7 @@ class Config:
                 try:
                     self._trial(params).validate_sections()
                 except ConfigError as exc:
-                    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+                    shown = ", ".join(f"{cut(k)}={quoted(v)}" for k, v in params.items())
                     raise ConfigError(f"tune.space: a trial could draw {shown}, which is invalid: {exc} "
                                       f"[narrow these ranges in tune.space]") from None
 
@@ -552,7 +586,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quoted(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -579,16 +613,63 @@ def with_defaults(recorded: dict) -> dict:
     return out
 
 
+#: Keys that say only where and how fast a run goes, not what it computes: the device, the
+#: compiler, the mixed precision and the token cache's folder. A checkpoint is portable between
+#: a GPU and a CPU, so ``--resume`` lets these change (:func:`autoln.checkpoint.resume_differences`),
+#: and a finished retrain made on another device stands for this one (:mod:`autoln.runs`).
+PLACE_KEYS = ("data.cache_dir", "search.device", "search.compile", "search.precision",
+              "retrain.device", "retrain.compile", "retrain.precision")
+
+#: Files a finished or interrupted run leaves beside its ``config.yaml`` (:func:`is_run_config`).
+RUN_RECORDS = ("checkpoint.pt", "metrics.json", "genotype.json")
+
+
+def is_run_config(path: str | Path) -> bool:
+    """True when ``path`` is a run's own ``config.yaml``: a file of that name in a folder that
+    also holds one of :data:`RUN_RECORDS`. Such a file records what the run did, so a key it
+    lacks (it was written before the key existed) means the earlier behaviour, not today's
+    default (:func:`earlier_behaviour`)."""
+    path = Path(path)
+    return path.name == "config.yaml" and any((path.parent / name).is_file() for name in RUN_RECORDS)
+
+
+def earlier_behaviour(raw: dict, path: str | Path) -> dict:
+    """``raw`` (a run's own config file, :func:`is_run_config`) with each key of
+    :data:`EARLIER_BEHAVIOUR` that its section lacks set to what runs did before the key
+    existed, as :func:`with_defaults` reads checkpoints and records; a ``note:`` line names each.
+    So the remedy printed on ``--resume`` ("resume with the run's own config") works for a run
+    older than the key."""
+    out = {section: (dict(values) if isinstance(values, dict) else values) for section, values in raw.items()}
+    for (section, key), value in EARLIER_BEHAVIOUR.items():
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section][key] = value
+            _note(f"note: {path} has no {section}.{key} (the run is older than the key): read as {value!r}, what runs "
+                  "did before it existed", file=sys.stderr)
+    return out
+
+
+def _note(text: str, file=None) -> None:
+    """Print a ``note:`` line to stderr, once under ``torchrun`` (on rank 0, from the ``RANK``
+    variable: the notes come before the process group exists)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(text, file=file or sys.stderr)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Build a :class:`Config` from defaults, an optional YAML file and ``--set`` overrides.
 
     Args:
-        path: YAML file with any of the sections; ``None`` for the defaults.
+        path: YAML file with any of the sections; ``None`` for the defaults. A run's own
+            ``config.yaml`` (:func:`is_run_config`) reads a key it lacks as the earlier
+            behaviour (:func:`earlier_behaviour`).
         overrides: strings ``section.key=value``; ``value`` is parsed as YAML.
 
     Raises:
         ConfigError: unreadable or non-mapping file, unknown section or key, wrong type or
-            out-of-range value; the message names the key and the file or ``--set``.
+            out-of-range value, a string over :data:`MAX_STRING` characters, a resolved config
+            over :data:`MAX_CONFIG_YAML` characters of YAML (:func:`check_size`); the message
+            names the key and the file or ``--set``, and quotes values bounded
+            (:func:`autoln.errors.quoted`).
     """
     raw: dict[str, Any] = {}
     where = "defaults"
@@ -602,33 +683,35 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         try:
             loaded = yaml.load(text, Loader=_UniqueKeyLoader)
+        except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit for int())
+            raise ConfigError(f"config file {path} is not valid YAML: {cut(str(exc), 120)}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where_in = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(exc, "problem", None) or type(exc).__name__
-            raise ConfigError(f"config file {path} is not valid YAML{where_in}: {problem}") from None
+            raise ConfigError(f"config file {path} is not valid YAML{where_in}: {cut(problem)}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
-        raw = loaded
+        raw = earlier_behaviour(loaded, path) if is_run_config(path) else loaded
     cfg = Config()
     given: dict[str, str] = {}  # section.key -> where it was set
     for section, values in raw.items():
         if values is None:
             continue
         if not isinstance(values, dict):
-            raise ConfigError(f"section '{section}' in {where} must be a mapping of keys")
+            raise ConfigError(f"section '{cut(section)}' in {where} must be a mapping of keys")
         for key, value in values.items():
             _assign(cfg, f"{section}.{key}", value, where)
             given[f"{section}.{key}"] = where
     for item in overrides or []:
         if "=" not in item:
-            raise ConfigError(f"--set expects section.key=value, got '{item}'")
+            raise ConfigError(f"--set expects section.key=value, got '{cut(item)}'")
         dotted, text = item.split("=", 1)
         try:
             value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # ValueError: an integer of more than 4,300 digits
             value = text
         _assign(cfg, dotted.strip(), value, "--set")
         given[dotted.strip()] = "--set"
@@ -639,7 +722,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
               or getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) != getattr(getattr(default, k.split(".")[0]), k.split(".")[1])}
     fit_defaults(cfg, chosen)
     cfg.validate()
+    check_size(cfg, where + (" and --set" if overrides else ""))
     return cfg
+
+
+def check_size(cfg: Config, where: str) -> None:
+    """Refuse a resolved config whose YAML is over :data:`MAX_CONFIG_YAML` characters: every run
+    copies it (``config.yaml``, checkpoints, TensorBoard text, a genotype's provenance), and no
+    setting needs that much. Each string is already at most :data:`MAX_STRING` characters; what
+    remains is a long list, such as ``tune.space`` choices.
+
+    Raises:
+        ConfigError: naming ``where`` (the file and/or ``--set``), the size and the largest key.
+    """
+    size = len(cfg.to_yaml())
+    if size <= MAX_CONFIG_YAML:
+        return
+    sizes = {f"{section}.{key}": len(yaml.safe_dump(value)) for section, values in cfg.to_dict().items() for key, value in values.items()}
+    largest = max(sizes, key=sizes.get)
+    raise ConfigError(f"the config ({where}) is {size:,} characters of YAML, more than the {MAX_CONFIG_YAML:,} "
+                      f"a run copies into its outputs; the largest key is {largest} ({sizes[largest]:,} characters): shorten it")
 
 
 def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
@@ -675,13 +777,13 @@ def fit_defaults(cfg: Config, chosen: dict[str, str]) -> None:
         tc = getattr(cfg, section)
         if f"{section}.{key}" not in chosen and tc.steps >= 1 and getattr(tc, key) >= tc.steps:
             new = tc.steps // share
-            print(f"note: {section}.{key} set to {new}, {'a tenth' if share == 10 else 'a fifth'} of {section}.steps="
+            _note(f"note: {section}.{key} set to {new}, {'a tenth' if share == 10 else 'a fifth'} of {section}.steps="
                   f"{tc.steps} (its default {getattr(tc, key)} is not shorter than the run; set it to choose another)", file=sys.stderr)
             setattr(tc, key, new)
     if sc.early_stop == "hessian" and "search.eval_every" not in chosen and sc.steps >= 20:
         evals = sorted({*range(sc.eval_every, sc.steps + 1, sc.eval_every), sc.steps})
         if len(evals) < R_DARTS_MIN_EVALUATIONS or len([e for e in evals if e >= R_DARTS_START_FRACTION * sc.steps]) <= R_DARTS_LAG:
-            print(f"note: search.eval_every set to {sc.steps // 20} (20 evaluations; R-DARTS' early stop needs at least "
+            _note(f"note: search.eval_every set to {sc.steps // 20} (20 evaluations; R-DARTS' early stop needs at least "
                   f"{R_DARTS_MIN_EVALUATIONS}, and the default {sc.eval_every} gives {len(evals)})", file=sys.stderr)
             sc.eval_every = sc.steps // 20
     inert = [("search.selection_tune_steps", sc.selection != "perturbation", "only perturbation-based selection fine-tunes"),
@@ -705,7 +807,7 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
             ``uniform``), bounds are not numbers with low < high (low > 0 for log-uniform),
             a bound does not fit the key's type, or the key is in :data:`UNTUNABLE`.
     """
-    where = f"tune.space['{key}']"
+    where = f"tune.space['{cut(key)}']"
     section = key.split(".")[0]
     if section not in TUNABLE_SECTIONS or key.count(".") != 1:
         raise ConfigError(f"{where}: keys must be section.key with section one of {list(TUNABLE_SECTIONS)}")
@@ -720,28 +822,28 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
     if key == "search.steps" and cfg.tune.pruner != "none":
         raise ConfigError(f"{where}: a tuned search length cannot be pruned fairly (the pruner compares trials at equal "
                           f"steps, and a shorter search is behind there only for being shorter); tune it with "
-                          f"--set tune.pruner=none (now {cfg.tune.pruner!r}), or fix search.steps and tune the rest")
+                          f"--set tune.pruner=none (now {quoted(cfg.tune.pruner)}), or fix search.steps and tune the rest")
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where} must be a mapping such as {{log-uniform: [1.0e-4, 1.0e-2]}}, got {spec!r}")
+        raise ConfigError(f"{where} must be a mapping such as {{log-uniform: [1.0e-4, 1.0e-2]}}, got {quoted(spec)}")
     kinds = [k for k in spec if k in DISTRIBUTIONS]
     extra = [k for k in spec if k not in DISTRIBUTIONS and k != "step"]
     if len(kinds) != 1 or extra:
-        raise ConfigError(f"{where} must have exactly one of {list(DISTRIBUTIONS)} (and optionally step), got keys {list(spec)}")
+        raise ConfigError(f"{where} must have exactly one of {list(DISTRIBUTIONS)} (and optionally step), got keys {quoted(list(spec))}")
     kind, args = kinds[0], spec[kinds[0]]
     if "step" in spec and kind not in ("int", "uniform"):
         raise ConfigError(f"{where}: step is only for int and uniform")
     if kind == "categorical":
         if not isinstance(args, list) or not args:
-            raise ConfigError(f"{where}: categorical needs a non-empty list of choices, got {args!r}")
+            raise ConfigError(f"{where}: categorical needs a non-empty list of choices, got {quoted(args)}")
         for choice in args:
             if not (choice is None or isinstance(choice, (bool, int, float, str))):
-                raise ConfigError(f"{where}: categorical choices must be numbers, strings, booleans or null, got {choice!r}")
+                raise ConfigError(f"{where}: categorical choices must be numbers, strings, booleans or null, got {quoted(choice)}")
         if len(set(map(repr, args))) != len(args):
-            raise ConfigError(f"{where}: categorical choices repeat: {args}")
+            raise ConfigError(f"{where}: categorical choices repeat: {quoted(args)}")
         return [_coerce(c, hints[name], key, where) for c in args]
     if (not isinstance(args, list) or len(args) != 2
             or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
-        raise ConfigError(f"{where}: {kind} needs [low, high] as two finite numbers, got {args!r}")
+        raise ConfigError(f"{where}: {kind} needs [low, high] as two finite numbers, got {quoted(args)}")
     low, high = args
     if not low < high:
         raise ConfigError(f"{where}: low ({low}) must be below high ({high})")
@@ -755,7 +857,7 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
             raise ConfigError(f"{where}: int needs an integer key and integer bounds ({key} is {_type_name(hints[name])})")
         step = spec.get("step", 1)
         if not isinstance(step, int) or isinstance(step, bool) or step <= 0 or (high - low) % step:
-            raise ConfigError(f"{where}: step must be a positive integer dividing high - low, got {step!r}")
+            raise ConfigError(f"{where}: step must be a positive integer dividing high - low, got {quoted(step)}")
     else:
         if base is not float:
             raise ConfigError(f"{where}: {kind} needs a number key ({key} is {_type_name(hints[name])}); use int or categorical")
@@ -763,7 +865,7 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
         if step is not None:
             n = (high - low) / step if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0 else 0.0
             if kind != "uniform" or n < 1 or abs(n - round(n)) > 1e-9 * max(1.0, n):
-                raise ConfigError(f"{where}: step must be a positive number that divides high - low, got {step!r}")
+                raise ConfigError(f"{where}: step must be a positive number that divides high - low, got {quoted(step)}")
     return [_coerce(a, hints[name], key, where) for a in args]
 
 
@@ -781,14 +883,14 @@ def _assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
     parts = dotted.split(".")
     sections = [f.name for f in dataclasses.fields(Config)]
     if len(parts) != 2:
-        raise ConfigError(f"key '{dotted}' ({where}) must have the form section.key")
+        raise ConfigError(f"key '{cut(dotted)}' ({where}) must have the form section.key")
     section, key = parts
     if section not in sections:
         import difflib
 
         close = difflib.get_close_matches(section, sections, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise ConfigError(f"unknown section '{section}' ({where}); {hint}expected one of {sections}")
+        raise ConfigError(f"unknown section '{cut(section)}' ({where}); {hint}expected one of {sections}")
     obj = getattr(cfg, section)
     hints = typing.get_type_hints(type(obj))
     known = [f.name for f in dataclasses.fields(obj)]
@@ -797,7 +899,7 @@ def _assign(cfg: Config, dotted: str, value: Any, where: str) -> None:
 
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean '{section}.{close[0]}'? " if close else ""
-        raise ConfigError(f"unknown key '{dotted}' ({where}); {hint}keys of '{section}': {', '.join(known)}")
+        raise ConfigError(f"unknown key '{cut(dotted)}' ({where}); {hint}keys of '{section}': {', '.join(known)}")
     setattr(obj, key, _coerce(value, hints[key], dotted, where))
 
 
@@ -826,6 +928,9 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
                 return float(value)
     elif tp is str:
         if isinstance(value, str):
+            if len(value) > MAX_STRING:
+                raise ConfigError(f"'{key}' ({where}) is {quoted(value, 60)}: a string of at most {MAX_STRING:,} "
+                                  "characters is expected (a path, a URL or a name)")
             return value
     elif origin is list:
         if isinstance(value, list):
@@ -835,11 +940,11 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             return tuple(_coerce(v, a, key, where) for v, a in zip(value, args))
     elif origin is dict:
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return {k: _coerce(v, args[1], f"{key}['{k}']", where) for k, v in value.items()}
+            return {k: _coerce(v, args[1], f"{key}['{cut(k)}']", where) for k, v in value.items()}
     elif tp is dict:
         if isinstance(value, dict):
             return copy.deepcopy(value)
-    raise ConfigError(f"'{key}' ({where}) must be {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"'{key}' ({where}) must be {_type_name(tp)}, got {quoted(value)}")
 
 
 def _type_name(tp: Any) -> str:
@@ -878,7 +983,7 @@ def _non_negative(obj: Any, section: str, keys: tuple[str, ...]) -> None:
 
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}")
+        raise ConfigError(f"{key} must be one of {list(allowed)}, got {quoted(value)}")
 
 
 def _plain(obj: Any) -> Any:

@@ -40,6 +40,8 @@ HELP = {
                    "files (train.bin, val.bin), or wikitext-2 / wikitext-103 (-raw) fetched by Hugging Face datasets",
     "data.tokenizer": "bytes | chars | words | bpe (byte-level BPE) | tokens (token files)",
     "data.vocab_size": "token files: the vocabulary size (default: the folder's meta.pkl)",
+    "data.token_dtype": "token files: the ids' width, auto (meta.pkl's dtype if it has one, else uint16 up to 65,536 ids, "
+                        "uint32 above) | uint16 (nanoGPT's prepare.py) | uint32",
     "data.bpe_vocab_size": "bpe: tokens of the BPE trained on the training split",
     "data.tokenizer_file": "bpe: a Hugging Face tokenizer.json to use instead of training one",
     "data.valid_fraction": "a single text file: the tail share that is the valid split (cut at a line end)",

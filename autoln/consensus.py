@@ -28,7 +28,7 @@ import numpy as np
 
 from .config import Config, with_defaults
 from .errors import ConfigError
-from .genotype import Genotype, nest_sites, site_rows
+from .genotype import Genotype, bounded_provenance, nest_sites, site_rows
 from .io import write_text_atomic
 from .locks import FolderLock
 from .supernet import site_names
@@ -115,12 +115,14 @@ def majority_cell(c: Consensus, site: int) -> str:
 
 def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int], folders: list[Path]) -> Genotype:
     """The consensus :class:`Genotype`: majority placements, mean probabilities, and the votes in
-    ``provenance.consensus``; the first seed's provenance otherwise (config with its seed)."""
+    ``provenance.consensus``; the first seed's provenance otherwise (config with its seed), as
+    bounded as any copy of a genotype (:func:`autoln.genotype.bounded_provenance`)."""
     first = genotypes[0]
+    copied = bounded_provenance(first.provenance, str(folders[0] / GENOTYPE_FILE))[0]
     rows = [[float(v) for v in row / row.sum()] for row in c.probabilities]
     provenance = {
-        "created": utc_now(), "command": " ".join(sys.argv), "config": first.provenance.get("config"),
-        "data": first.provenance.get("data"), "packages": first.provenance.get("packages"),
+        "created": utc_now(), "command": " ".join(sys.argv), "config": copied.get("config"),
+        "data": copied.get("data"), "packages": copied.get("packages"),
         "selection": {"method": (first.provenance.get("selection") or {}).get("method")},
         "consensus": {"seeds": seeds, "agreement": c.agreement,
                       "votes": nest_sites([[int(v) for v in row] for row in c.votes], first.granularity),

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +157,7 @@ def read_hf(name: str) -> tuple[dict[str, bytes], dict[str, str]]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"data.corpus={name} needs the optional Hugging Face datasets library; from the clone's folder run {pip_extra('hf')} "
+        raise DataError(f"data.corpus={name} needs the optional Hugging Face datasets library; run {pip_extra('hf')} "
                         f"(or pass a folder holding train.txt, valid.txt and test.txt)") from None
     try:
         ds = datasets.load_dataset(repo, config)
@@ -259,62 +260,215 @@ def tokenize(raw: dict[str, bytes], tokenizer: str, sources: dict[str, str]) -> 
 
 
 TOKEN_FILES = ("train.bin", "val.bin")
+#: The widths a token file's ids may have (``data.token_dtype``, ``meta.pkl``'s ``dtype``): name ->
+#: numpy dtype, little-endian as nanoGPT's ``prepare.py`` writes them on every common machine.
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+#: The first int32 of an llm.c token shard (``dev/data/data_common.py``: a 1024-byte header of
+#: 256 int32, magic 20240520, version, token count, then the ids): not a headerless nanoGPT file.
+LLMC_MAGIC = 20240520
+#: How much of each token file the width check reads (from its start), in bytes.
+WIDTH_SAMPLE = 1 << 20
+
+
+def token_width(setting: str, meta_dtype: Optional[str], vocab_size: int, vocab_from: str, meta: Path) -> tuple[str, str]:
+    """The width of a token folder's ids, and why (for the messages), by this table:
+
+    ====================  =====================  ==============  ================================
+    ``data.token_dtype``  ``meta.pkl``'s dtype   vocabulary      read as
+    ====================  =====================  ==============  ================================
+    uint16 or uint32      absent, or the same    fits the width  that width
+    uint16 or uint32      the other width        any             refused: they contradict
+    auto                  uint16 or uint32       fits the width  meta.pkl's
+    auto                  absent                 <= 65,536       uint16
+    auto                  absent                 > 65,536        uint32
+    any                   any                    > the width's   refused: ids would not fit
+    ====================  =====================  ==============  ================================
+
+    Why ``auto`` picks uint16 up to 65,536 ids: nanoGPT's ``prepare.py`` always writes uint16
+    and its ``meta.pkl`` (``vocab_size``, ``itos``, ``stoi``) has no dtype, so that is what a
+    nanoGPT folder holds. Above 65,536 ids uint16 cannot be the width (an id of 65,536 or more
+    does not fit in it; a file written so has lost its high bits), and uint32 is the narrowest
+    width that holds them, the width projects with such vocabularies (tiktoken's 100,277,
+    Llama 3's 128,256) write. meta.pkl is absent, or has no ``dtype``, in both rows. A uint32 file of a small vocabulary (Llama 2's 32,000) under
+    ``auto`` is caught by :func:`check_token_file`, which then names ``data.token_dtype``.
+
+    ``setting``: ``data.token_dtype`` (auto, uint16, uint32); ``meta_dtype``: meta.pkl's dtype,
+    normalised (:func:`meta_token_dtype`), or None; ``vocab_from``: ``"meta.pkl"`` or
+    ``"data.vocab_size"``, where ``vocab_size`` came from; ``meta``: the meta.pkl path (beside
+    ``train.bin``), for messages.
+    Returns ``(name, why)``, e.g. ``("uint32", "data.token_dtype=auto, vocabulary 100,277 > 65,536")``.
+
+    Raises:
+        DataError: the two sources contradict, or the vocabulary does not fit the width.
+    """
+    if setting != "auto" and meta_dtype is not None and meta_dtype != setting:
+        raise DataError(f"{meta}: dtype {meta_dtype} contradicts data.token_dtype={setting}; set data.token_dtype "
+                        f"to {meta_dtype} or auto if the files hold {meta_dtype} ids, or correct meta.pkl")
+    if setting != "auto":
+        name, why = setting, f"data.token_dtype={setting}"
+    elif meta_dtype is not None:
+        name, why = meta_dtype, f"{meta.name}'s dtype"
+    else:
+        name = "uint16" if vocab_size <= 1 << 16 else "uint32"
+        why = f"data.token_dtype=auto, vocabulary {vocab_size:,} {'<=' if name == 'uint16' else '>'} 65,536"
+    limit = 1 << (8 * TOKEN_DTYPES[name].itemsize)
+    if vocab_size > limit:
+        target = meta if vocab_from == "meta.pkl" else meta.parent / TOKEN_FILES[0]
+        if setting == "auto" and meta_dtype is not None:
+            fix = "correct meta.pkl's dtype or vocab_size (ids written as uint16 beyond 65,535 have lost their high bits)"
+        elif name == "uint16" and vocab_size <= 1 << 32:
+            fix = "set data.token_dtype=uint32 (or auto)"
+        else:
+            fix = "autoln reads uint16 or uint32 ids"
+        raise DataError(f"{target}: {name} ids ({why}) cannot hold a vocabulary of {vocab_size:,} ({vocab_from}; {name} holds "
+                        f"{limit:,} ids): {fix}")
+    return name, why
+
+
+def meta_token_dtype(value, meta: Path) -> str:
+    """meta.pkl's ``dtype`` (a string such as ``"uint32"``, a numpy dtype or type such as
+    ``np.uint16``) as a :data:`TOKEN_DTYPES` name.
+
+    Raises:
+        DataError: not a dtype, or one autoln does not read (signed, 64-bit, big-endian), naming meta.pkl.
+    """
+    try:
+        dt = np.dtype(value)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or dt.kind != "u" or dt.itemsize not in (2, 4) or dt.byteorder == ">":
+        from .errors import quoted
+
+        raise DataError(f"{meta}: dtype {quoted(value)} is not a width autoln reads (uint16 or uint32, little-endian); "
+                        "convert the token files to one (e.g. np.fromfile(f, dtype).astype(np.uint32).tofile(f)) and meta.pkl's dtype to match")
+    return dt.name
+
+
+def check_token_file(f: Path, size: int, name: str, why: str) -> None:
+    """Check that the token file ``f`` (``size`` bytes) can hold ``name`` ids (:func:`token_width`,
+    ``why`` its reason): a whole, non-zero number of them; no llm.c shard header
+    (:data:`LLMC_MAGIC`); and, in its first :data:`WIDTH_SAMPLE` bytes, not the trace of wider
+    ids, i.e. every second id 0 while others are not (little-endian ids narrower than 2^16 read
+    two uint16 at a time give exactly that; no text gives id 0 at every other position).
+
+    Raises:
+        DataError: naming ``f``, the width, how it was chosen, and ``data.token_dtype``.
+    """
+    width = TOKEN_DTYPES[name].itemsize
+    if size % width or size == 0:
+        raise DataError(f"{f}: {size} bytes is not a whole, non-zero number of {name} tokens ({width} bytes each; {why})")
+    with open(f, "rb") as fh:
+        head = fh.read(WIDTH_SAMPLE - WIDTH_SAMPLE % 8)
+    if len(head) >= 1024 and int(np.frombuffer(head[:4], dtype="<i4")[0]) == LLMC_MAGIC:
+        raise DataError(f"{f}: starts with llm.c's shard header (magic {LLMC_MAGIC}), not headerless nanoGPT ids; drop its "
+                        "first 1024 bytes (header version 1: uint16 ids, 2: uint32) and set data.token_dtype accordingly")
+    words = np.frombuffer(head[: len(head) - len(head) % 8], dtype=TOKEN_DTYPES[name])
+    if len(words) >= 64 and words[0::2].any() and not words[1::2].any():
+        quads = words.reshape(-1, 8 // width)  # one 64-bit id per row
+        if name == "uint16" and quads[:, 2:].any():
+            wider, fix = "uint32", "set data.token_dtype=uint32"
+        else:
+            wider, fix = "64-bit", "autoln reads uint16 or uint32: convert them, e.g. np.fromfile(f, np.int64).astype(np.uint32).tofile(f)"
+        raise DataError(f"{f}: read as {name} ({why}), every second id is 0: the file holds {wider} ids; {fix}")
+
+
+def read_meta(meta: Path) -> tuple[int, Optional[list[str]], Optional[str]]:
+    """nanoGPT's ``meta.pkl``: ``(vocab_size, itos as a list or None, dtype or None)``.
+
+    The fields read: ``vocab_size`` (a positive integer); ``itos`` (id -> token string, as
+    nanoGPT's char-level ``prepare.py`` writes it), which must name exactly the ids
+    ``0 .. vocab_size - 1``; ``dtype`` (:func:`meta_token_dtype`), which some projects add.
+    ``stoi`` (string -> id) and any other field are not used: autoln never encodes text.
+
+    Raises:
+        DataError: an unreadable file, or a field missing or not as described, naming the file and field.
+    """
+    import operator
+    import pickle
+
+    try:
+        with open(meta, "rb") as fh:
+            info = pickle.load(fh)  # the user's own file, as nanoGPT reads it
+    except Exception as exc:  # noqa: BLE001 - any damage: one line naming the file
+        raise DataError(f"{meta}: not a readable nanoGPT meta.pkl with a vocab_size ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(info, dict) or "vocab_size" not in info:
+        raise DataError(f"{meta}: not a readable nanoGPT meta.pkl with a vocab_size (a dict with the key vocab_size; "
+                        f"got {type(info).__name__}{' without it' if isinstance(info, dict) else ''})")
+    try:
+        vocab_size = operator.index(info["vocab_size"])
+    except TypeError:
+        vocab_size = 0
+    if vocab_size <= 0 or isinstance(info["vocab_size"], bool):
+        from .errors import quoted
+
+        raise DataError(f"{meta}: vocab_size must be a positive integer, got {quoted(info['vocab_size'])}")
+    vocab = None
+    if info.get("itos") is not None:
+        itos = info["itos"]
+        keys = range(len(itos)) if isinstance(itos, (list, tuple)) else itos.keys() if isinstance(itos, dict) else None
+        if keys is None or len(itos) != vocab_size or set(keys) != set(range(vocab_size)):
+            held = f"{len(itos):,} entries" if keys is not None else f"a {type(itos).__name__}"
+            raise DataError(f"{meta}: itos must name each id 0 .. {vocab_size - 1:,} once (vocab_size {vocab_size:,}); it holds "
+                            f"{held}: the vocabulary and its names disagree")
+        vocab = [str(itos[i]) for i in range(vocab_size)]
+    dtype = meta_token_dtype(info["dtype"], meta) if info.get("dtype") is not None else None
+    return vocab_size, vocab, dtype
 
 
 def read_token_files(cfg: DataConfig, folder: Path) -> Corpus:
-    """A folder of nanoGPT token files: ``train.bin`` and ``val.bin``, ``uint16`` token ids
-    (memory-mapped; ``val.bin``'s first half is the valid split, its second half the test
-    split), the vocabulary size from ``data.vocab_size`` or the folder's ``meta.pkl``
-    (``vocab_size``, and ``itos`` when present). The fingerprint hashes each file's size and
-    its first and last MiB (the files may be gigabytes).
+    """A folder of nanoGPT token files: ``train.bin`` and ``val.bin``, headerless little-endian
+    token ids of the width :func:`token_width` gives (uint16, as nanoGPT's ``prepare.py``
+    writes them, or uint32), memory-mapped; ``val.bin``'s first half is the valid split, its
+    second half the test split. The vocabulary size comes from ``data.vocab_size`` or the
+    folder's ``meta.pkl`` (:func:`read_meta`: ``vocab_size``, ``itos`` when present, ``dtype``
+    when present). Each file is checked to hold that width (:func:`check_token_file`) and ids
+    inside the vocabulary. The fingerprint hashes each file's size and its first and last MiB
+    (the files may be gigabytes), and the width when it is not uint16 (so uint16 folders keep
+    the fingerprint they always had, and the same bytes read as uint32 are another corpus).
 
     Raises:
-        DataError: a missing file, a size that is not a whole number of ``uint16`` tokens, no
-            vocabulary size, an unreadable ``meta.pkl``, a token id outside the vocabulary (each
-            naming the file), or ``data.tokenizer`` other than ``tokens``.
+        DataError: a missing file, an unreadable or inconsistent ``meta.pkl``, no vocabulary
+            size, a width that contradicts meta.pkl or does not fit the vocabulary or the file,
+            a token id outside the vocabulary (each naming the file), or ``data.tokenizer``
+            other than ``tokens``.
     """
-    import pickle
-
     if cfg.tokenizer != "tokens":
         raise DataError(f"data.corpus={cfg.corpus} holds token files (train.bin): they are tokenised already, so "
                         f"data.tokenizer must be tokens, not {cfg.tokenizer}")
+    for name in TOKEN_FILES:
+        if not (folder / name).is_file():
+            raise DataError(f"data.corpus={cfg.corpus}: missing {folder / name} (a token-file folder needs train.bin and val.bin, as nanoGPT's prepare.py writes)")
+    vocab_size, vocab, meta_dtype, meta, vocab_from = cfg.vocab_size, None, None, folder / "meta.pkl", "data.vocab_size"
+    if meta.is_file():
+        meta_size, vocab, meta_dtype = read_meta(meta)
+        if vocab_size is None:
+            vocab_size, vocab_from = meta_size, "meta.pkl"
+    if vocab_size is None:
+        raise DataError(f"data.corpus={cfg.corpus}: the vocabulary size is unknown; set data.vocab_size (e.g. 50257 for "
+                        "GPT-2's BPE) or put nanoGPT's meta.pkl beside the token files")
+    dtype_name, why = token_width(cfg.token_dtype, meta_dtype, vocab_size, vocab_from, meta)
     arrays, h = {}, hashlib.sha256()
     for name in TOKEN_FILES:
         f = folder / name
-        if not f.is_file():
-            raise DataError(f"data.corpus={cfg.corpus}: missing {f} (a token-file folder needs train.bin and val.bin, as nanoGPT's prepare.py writes)")
         size = f.stat().st_size
-        if size % 2 or size == 0:
-            raise DataError(f"{f}: {size} bytes is not a whole, non-zero number of uint16 tokens (2 bytes each)")
-        arrays[name] = np.memmap(f, dtype=np.uint16, mode="r")
+        check_token_file(f, size, dtype_name, why)
+        arrays[name] = np.memmap(f, dtype=TOKEN_DTYPES[dtype_name], mode="r")
         with open(f, "rb") as fh:
             h.update(str(size).encode())
             h.update(fh.read(1 << 20))
             fh.seek(max(0, size - (1 << 20)))
             h.update(fh.read(1 << 20))
-    vocab_size, vocab, meta = cfg.vocab_size, None, folder / "meta.pkl"
-    if meta.is_file():
-        try:
-            with open(meta, "rb") as fh:
-                info = pickle.load(fh)  # the user's own file, as nanoGPT reads it
-            meta_size = int(info["vocab_size"])
-            vocab = [str(info["itos"][i]) for i in range(meta_size)] if "itos" in info else None
-        except Exception as exc:  # noqa: BLE001 - any damage: one line naming the file
-            raise DataError(f"{meta}: not a readable nanoGPT meta.pkl with a vocab_size ({type(exc).__name__}: {str(exc)[:120]})") from None
-        if vocab_size is None:
-            vocab_size = meta_size
-    if vocab_size is None:
-        raise DataError(f"data.corpus={cfg.corpus}: the vocabulary size is unknown; set data.vocab_size (e.g. 50257 for "
-                        "GPT-2's BPE) or put nanoGPT's meta.pkl beside the token files")
+    if dtype_name != "uint16":
+        h.update(dtype_name.encode())
     for name, arr in arrays.items():
         top = int(arr.max())
         if top >= vocab_size:
             raise DataError(f"{folder / name}: token id {top} at position {int(arr.argmax())} is outside the vocabulary of "
-                            f"{vocab_size} (data.vocab_size or meta.pkl)")
+                            f"{vocab_size} (data.vocab_size or meta.pkl; ids read as {dtype_name}: {why})")
     val = arrays["val.bin"]
     splits = {"train": arrays["train.bin"], "valid": val[: len(val) // 2], "test": val[len(val) // 2:]}
-    sources = {"train": str(folder / "train.bin"), "valid": f"{folder / 'val.bin'} (first half)",
-               "test": f"{folder / 'val.bin'} (second half)"}
+    sources = {"train": f"{folder / 'train.bin'} ({dtype_name})", "valid": f"{folder / 'val.bin'} (first half, {dtype_name})",
+               "test": f"{folder / 'val.bin'} (second half, {dtype_name})"}
     return Corpus(cfg.corpus, "tokens", h.hexdigest(), vocab_size, vocab if vocab and len(vocab) == vocab_size else None,
                   splits, sources)
 
@@ -332,7 +486,7 @@ def bpe_tokenizer(cfg: DataConfig, train_text: str, folder: Path):
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
-        raise DataError(f"data.tokenizer=bpe needs the optional Hugging Face tokenizers library; from the clone's folder run "
+        raise DataError(f"data.tokenizer=bpe needs the optional Hugging Face tokenizers library; run "
                         f"{pip_extra('bpe')}") from None
     if cfg.tokenizer_file:
         try:
@@ -350,8 +504,8 @@ def bpe_tokenizer(cfg: DataConfig, train_text: str, folder: Path):
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(folder / "tokenizer.json", tok.to_str())
-    except OSError:
-        pass  # caching is an optimisation
+    except OSError as exc:
+        cache_note(exc, folder)  # caching is an optimisation
     return tok
 
 
@@ -389,8 +543,9 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     The cache entry is ``<cache_dir>/<key>/{train,valid,test}.npy`` plus ``meta.json``, with
     ``key`` a hash of the corpus fingerprint, tokeniser and split fractions; arrays are
     written atomically (flushed to disk, ``meta.json`` last) and opened with ``mmap_mode="r"``.
-    An entry that fails its checks (unreadable, empty or cut-short arrays, lengths other than
-    ``meta.json`` records, token ids outside the vocabulary) is rebuilt. An unwritable cache folder only
+    An entry that fails its checks (unreadable, empty or cut-short arrays, arrays that are not of
+    integers (each ``.npy`` header names its dtype), lengths other than ``meta.json`` records,
+    token ids outside the vocabulary, negative ones included) is rebuilt. An unwritable cache folder only
     disables caching.
 
     Raises:
@@ -434,13 +589,22 @@ def _cached(folder: Path, cfg: DataConfig, fingerprint: str, sources: dict[str, 
             splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
             vocab = meta["vocab"]
             if meta["fingerprint"] == fingerprint and meta["vocab_size"] == (256 if vocab is None else len(vocab)) \
-                    and all(a.ndim == 1 and len(a) == meta["lengths"][s] for s, a in splits.items()) \
-                    and all(int(a.max(initial=0)) < meta["vocab_size"] for a in splits.values()):
+                    and all(a.ndim == 1 and a.dtype.kind in "ui" and len(a) == meta["lengths"][s] for s, a in splits.items()) \
+                    and all(int(a.max(initial=0)) < meta["vocab_size"] and (a.dtype.kind == "u" or int(a.min(initial=0)) >= 0)
+                            for a in splits.values()):
                 return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, meta["vocab_size"], vocab, splits, sources,
                               {k: float(v) for k, v in meta["bytes_per_token"].items()})
         except Exception:  # noqa: BLE001 - any damage (an empty .npy raises EOFError, a cut one ValueError...) rebuilds it
             pass
     return None
+
+
+def cache_note(exc: OSError, folder: Path) -> None:
+    """Say in one ``note:`` line that the token cache ``folder`` could not be written (``exc``:
+    the refused write, e.g. a full disk, naming its file): the run goes on from the tokens in
+    memory, and a later run builds the cache again."""
+    print(f"note: the token cache was not written ({exc.filename or folder}: {exc.strerror or exc}); this run goes on "
+          "from the tokens in memory", file=sys.stderr)
 
 
 def _build(raw: dict[str, bytes], sources: dict[str, str], folder: Path, cfg: DataConfig, fingerprint: str) -> Corpus:
@@ -460,8 +624,8 @@ def _build(raw: dict[str, bytes], sources: dict[str, str], folder: Path, cfg: Da
                                                  "lengths": {s: int(len(a)) for s, a in splits.items()},
                                                  "bytes_per_token": bytes_per_token}))
         splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
-    except OSError:
-        pass  # caching is an optimisation; the in-memory arrays serve
+    except OSError as exc:
+        cache_note(exc, folder)  # caching is an optimisation; the in-memory arrays serve
     return Corpus(cfg.corpus, cfg.tokenizer, fingerprint, vocab_size, vocab, splits, sources, bytes_per_token)
 
 

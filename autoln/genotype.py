@@ -6,6 +6,9 @@ block: a name, or ``{"attn": name, "ffn": name}``), ``probabilities`` (the final
 weights, same nesting as ``placements``, each a list ordered as ``candidates``), ``model``
 (``n_layers, d_model, n_heads, d_ff, context, vocab_size, norm``) and ``provenance``
 (resolved config, seed, data fingerprint, package versions, metrics, creation time).
+``provenance`` is free-form: a genotype file keeps it whole, and the copies of a genotype in a
+run's outputs (a retrain's ``metrics.json`` and ``checkpoint.pt``) keep at most
+:data:`PROVENANCE_LIMIT` characters of it, saying what was cut (:func:`bounded_provenance`).
 
 Named baselines (published hand-designed genotypes): ``all-pre``, ``all-post``,
 ``all-deepnorm``, ``mix-ln`` (Li, Yin, Liu 2024: the first ``round(0.25 N)`` blocks
@@ -20,12 +23,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from .config import AFFINES, GRANULARITIES, ModelConfig
-from .errors import GenotypeError
+from .errors import GenotypeError, cut, quoted
 from .io import json_safe, write_json_atomic
 from .placements import NORMS, PLACEMENTS, parse_name, placement_names
 
@@ -94,6 +97,16 @@ class Genotype:
             "probabilities": self.probabilities, "model": dict(self.model), "provenance": self.provenance,
         }
 
+    def record(self, source: str) -> tuple[dict[str, Any], Optional[str]]:
+        """:meth:`to_dict` for a copy of this genotype in a run's outputs (a retrain's
+        ``metrics.json`` as ``genotype_file`` and ``checkpoint.pt``, a comparison's reused
+        runs), with ``provenance`` bounded by :func:`bounded_provenance`: a copy records which
+        genotype was trained and where it came from; the genotype file ``source`` keeps the
+        whole provenance. Returns ``(dict, note)``, ``note`` None when nothing was cut, else
+        one sentence for the user (the copy's ``provenance.provenance_cut`` has the details)."""
+        provenance, note = bounded_provenance(self.provenance, source)
+        return {**self.to_dict(), "provenance": provenance}, note
+
     def save(self, path: str | Path) -> Path:
         """Write the genotype JSON atomically, after checking it as :meth:`load` will (so no
         file is written that its own loader refuses, e.g. NaN probabilities). Returns the path.
@@ -109,8 +122,9 @@ class Genotype:
         """Read and validate a genotype file.
 
         Raises:
-            GenotypeError: unreadable file, invalid JSON, or any check of :meth:`from_dict`
-                failing; the message names the file and the field.
+            GenotypeError: unreadable file, invalid JSON (an integer of more than 4,300
+                digits, Python's limit, included), or any check of :meth:`from_dict` failing;
+                the message names the file and the field.
         """
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -118,8 +132,8 @@ class Genotype:
             raise GenotypeError(f"cannot read genotype file {path}: {getattr(exc, 'strerror', None) or exc}") from None
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise GenotypeError(f"genotype file {path} is not valid JSON: {exc}") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits (Python's limit)
+            raise GenotypeError(f"genotype file {path} is not valid JSON: {cut(str(exc))}") from None
         return cls.from_dict(obj, source=str(path))
 
     @classmethod
@@ -133,12 +147,17 @@ class Genotype:
         ``candidates``, probabilities of the wrong shape, negative, non-finite or not summing
         to 1 (tolerance 1e-4) per site.
 
+        A field's name and value from the file are quoted bounded (:func:`autoln.errors.cut`,
+        :func:`autoln.errors.quoted`: at most about 240 characters each), so a huge value or
+        unknown key gives one short line, not a 10 MB one. ``provenance`` is free-form and kept
+        whole here; its copies in a run's outputs are bounded (:meth:`Genotype.record`).
+
         Raises:
             GenotypeError: the first failed check, as ``<source>: field '<name>': <problem>``.
         """
 
         def fail(name: str, problem: str) -> GenotypeError:
-            return GenotypeError(f"{source}: field '{name}': {problem}")
+            return GenotypeError(f"{source}: field '{cut(name)}': {problem}")
 
         if not isinstance(obj, dict):
             raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
@@ -149,20 +168,20 @@ class Genotype:
             if name not in FIELDS:
                 raise fail(name, f"unknown field; expected only {list(FIELDS)}")
         if obj["format"] != FORMAT:
-            raise fail("format", f"expected {FORMAT!r}, got {obj['format']!r}")
+            raise fail("format", f"expected {FORMAT!r}, got {quoted(obj['format'])}")
         if type(obj["version"]) is not int or obj["version"] != VERSION:
-            raise fail("version", f"expected {VERSION}, got {obj['version']!r}")
+            raise fail("version", f"expected {VERSION}, got {quoted(obj['version'])}")
         cands = obj["candidates"]
         if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
             raise fail("candidates", "expected a non-empty list of placement names")
         for c in cands:
             if c not in placement_names():
-                raise fail("candidates", f"unknown candidate {c!r}; known: {placement_names()}")
+                raise fail("candidates", f"unknown candidate {quoted(c)}; known: {placement_names()}")
         if len(set(cands)) != len(cands):
-            raise fail("candidates", f"duplicate names in {cands}")
+            raise fail("candidates", f"duplicate names in {quoted(cands)}")
         gran = obj["granularity"]
         if gran not in GRANULARITIES:
-            raise fail("granularity", f"expected one of {list(GRANULARITIES)}, got {gran!r}")
+            raise fail("granularity", f"expected one of {list(GRANULARITIES)}, got {quoted(gran)}")
         model = obj["model"]
         if not isinstance(model, dict):
             raise fail("model", "expected an object")
@@ -173,20 +192,20 @@ class Genotype:
             if key not in MODEL_KEYS + OPTIONAL_MODEL_KEYS:
                 raise fail(f"model.{key}", f"unknown field; expected {list(MODEL_KEYS + OPTIONAL_MODEL_KEYS)}")
         if model.get("affine", "learnable") not in AFFINES:
-            raise fail("model.affine", f"expected one of {list(AFFINES)}, got {model['affine']!r}")
+            raise fail("model.affine", f"expected one of {list(AFFINES)}, got {quoted(model['affine'])}")
         for key in MODEL_KEYS[:-1]:
             if type(model[key]) is not int or model[key] <= 0:
-                raise fail(f"model.{key}", f"expected a positive integer, got {model[key]!r}")
+                raise fail(f"model.{key}", f"expected a positive integer, got {quoted(model[key])}")
         if model["d_model"] % model["n_heads"]:
-            raise fail("model.d_model", f"{model['d_model']} is not divisible by model.n_heads={model['n_heads']}")
+            raise fail("model.d_model", f"{cut(model['d_model'])} is not divisible by model.n_heads={cut(model['n_heads'])}")
         if not isinstance(model["norm"], str) or model["norm"] not in NORMS:
-            raise fail("model.norm", f"expected one of {sorted(NORMS)}, got {model['norm']!r}")
+            raise fail("model.norm", f"expected one of {sorted(NORMS)}, got {quoted(model['norm'])}")
         placements, probs = obj["placements"], obj["probabilities"]
         for name, value in (("placements", placements), ("probabilities", probs)):
             if not isinstance(value, list):
                 raise fail(name, "expected a list with one entry per block")
             if len(value) != model["n_layers"]:
-                raise fail(name, f"has {len(value)} entries but model.n_layers is {model['n_layers']}")
+                raise fail(name, f"has {len(value):,} entries but model.n_layers is {cut(model['n_layers'])}")
         for i, (entry, prob) in enumerate(zip(placements, probs)):
             if gran == "layer":
                 sites = [(f"placements[{i}]", entry, f"probabilities[{i}]", prob)]
@@ -197,18 +216,87 @@ class Genotype:
                 sites = [(f"placements[{i}].{s}", entry[s], f"probabilities[{i}].{s}", prob[s]) for s in ("attn", "ffn")]
             for pname, name, qname, p in sites:
                 if not isinstance(name, str) or name not in cands:
-                    raise fail(pname, f"expected one of the candidates {cands}, got {name!r}")
+                    raise fail(pname, f"expected one of the candidates {cands}, got {quoted(name)}")
                 if not isinstance(p, list) or len(p) != len(cands):
                     raise fail(qname, f"expected a list of {len(cands)} probabilities (one per candidate)")
                 if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p):
                     raise fail(qname, "expected numbers")
                 if not all(math.isfinite(v) and v >= 0 for v in p):
-                    raise fail(qname, f"probabilities must be finite and non-negative, got {p}")
+                    raise fail(qname, f"probabilities must be finite and non-negative, got {quoted(p)}")
                 if abs(sum(p) - 1.0) > SUM_TOL:
                     raise fail(qname, f"probabilities sum to {sum(p):.6f}, expected 1")
         if not isinstance(obj["provenance"], dict):
             raise fail("provenance", "expected an object")
         return cls(list(cands), gran, placements, probs, dict(model), obj["provenance"])
+
+
+#: Characters of JSON of a genotype's ``provenance`` that a copy of it in a run's outputs keeps
+#: at most (:func:`bounded_provenance`). A search's own provenance is a few KiB (6 KiB on the tiny
+#: config, tens of KiB for a large sublayer search with its scored genotypes), far below it.
+PROVENANCE_LIMIT = 65_536
+#: Characters kept of a string field of ``provenance`` that does not fit (a long free-form note).
+PROVENANCE_PREVIEW = 4_096
+#: Fields that the note of a cut provenance names one by one; the rest are counted.
+_NAMED_CUTS = 5
+
+
+def bounded_provenance(provenance: dict[str, Any], source: str, limit: int = PROVENANCE_LIMIT) -> tuple[dict[str, Any], Optional[str]]:
+    """``provenance`` as a run's outputs copy it: unchanged when its JSON is at most ``limit``
+    characters; otherwise its top-level fields in order while they fit, a string field that does
+    not fit as its first :data:`PROVENANCE_PREVIEW` characters (if those fit), every other field
+    that does not fit (or whose name is over 200 characters) left out, and the field
+    ``provenance_cut`` saying what was cut, e.g. ``"the provenance of g.json is 10,485,831
+    characters of JSON, more than the 65,536 a copy keeps: field 'note' (10,485,760 characters)
+    cut to its first 4,096; the whole provenance is in g.json"``.
+
+    Why cut and not refuse: the provenance is free-form and never read to build or train a model
+    (only ``data``'s fingerprint, for a note), so a genotype with a large one is still a valid
+    genotype; its copies only need to say where it came from, and without a bound a 10 MB
+    provenance made every ``metrics.json`` and ``checkpoint.pt`` of its retrains 10 MB larger.
+
+    Args:
+        provenance: the genotype's ``provenance`` object (JSON values).
+        source: the genotype file, named in the note.
+        limit: characters of JSON (indented as :func:`autoln.io.write_json_atomic` writes it)
+            kept at most, the note included (2 KiB are kept for it).
+
+    Returns:
+        ``(provenance, note)``: ``note`` None when nothing was cut, else one sentence for stderr.
+    """
+    def size(value: Any) -> int:
+        return len(json.dumps(value, indent=2, allow_nan=True, default=str))  # as write_json_atomic writes it
+
+    total = size(provenance)
+    if total <= limit:
+        return provenance, None
+    kept: dict[str, Any] = {}
+    used, cuts, rest, rest_chars = 2, [], 0, 0
+    budget = limit - 2048  # room for the note
+    for key, value in provenance.items():
+        name = str(key)
+        entry = size({name: value}) - 2  # its lines in the object, indented, with the comma
+        if len(name) <= 200 and used + entry <= budget:
+            kept[name], used = value, used + entry
+            continue
+        what = "left out"
+        if isinstance(value, str) and len(name) <= 200:
+            head = value[:PROVENANCE_PREVIEW]
+            if used + size({name: head}) - 2 <= budget:
+                kept[name], used = head, used + size({name: head}) - 2
+                what = f"cut to its first {len(head):,}"
+        if len(cuts) < _NAMED_CUTS:
+            length = f"{len(value):,} characters" if isinstance(value, str) else f"{size(value):,} characters of JSON"
+            cuts.append(f"field {quoted(name, 60)} ({length}) {what}")
+        else:
+            rest, rest_chars = rest + 1, rest_chars + entry
+    if rest:
+        cuts.append(f"{rest:,} more fields ({rest_chars:,} characters) left out")
+    kept["provenance_cut"] = (f"the provenance of {cut(source)} is {total:,} characters of JSON, more than the {limit:,} a copy "
+                              f"keeps: {'; '.join(cuts)}; the whole provenance is in {cut(source)}")
+    note = (f"{cut(source)}: field 'provenance' is {total:,} characters of JSON; the copies of the genotype in this run's "
+            f"outputs keep {size(kept):,} ({'; '.join(cuts[:2])}{'; ...' if len(cuts) > 2 else ''}; their "
+            "provenance.provenance_cut says so)")
+    return kept, note
 
 
 def model_dims(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:

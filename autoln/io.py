@@ -6,12 +6,13 @@ Each writer writes a temporary file in the destination folder, flushes it to dis
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -20,7 +21,75 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+#: The errors of a write that more space, or a higher file-size limit, would let through:
+#: no space left (``ENOSPC``), a file over the ``ulimit -f`` limit (``EFBIG``), a disk quota
+#: reached (``EDQUOT``).
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
+
+
+def os_error_in(exc: BaseException) -> Optional[OSError]:
+    """The :class:`OSError` that ``exc`` is, or that caused it (``__cause__`` or ``__context__``,
+    followed to the root), or None. Libraries report a failed write in their own exception:
+    ``torch.save`` raises ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected
+    pos`` with the ``OSError`` (e.g. ``Errno 28``) as its context."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def write_failure(exc: BaseException, path: str | Path, written: Optional[int] = None) -> Optional[OSError]:
+    """The failure of writing ``path`` as an ``OSError(errno, strerror, path)``: the errno of the
+    ``OSError`` in ``exc`` (:func:`os_error_in`), or, when it has none (NumPy's short write,
+    ``"10000 requested and 484 written"``), ``EFBIG`` when ``written`` bytes reach the
+    process's file-size limit (``RLIMIT_FSIZE``) and ``ENOSPC`` when the folder's file system
+    has no block left. None when no ``OSError`` is involved (the exception is then not a
+    write failure and is left as it is)."""
+    cause = os_error_in(exc)
+    if cause is None:
+        return None
+    code = cause.errno
+    if code is None:
+        code = _short_write_errno(Path(path), written)
+    if code is None:
+        return OSError(errno.EIO, str(cause) or type(cause).__name__, str(path))
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _short_write_errno(path: Path, written: Optional[int]) -> Optional[int]:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if written is not None and soft != resource.RLIM_INFINITY and written >= soft:
+            return errno.EFBIG
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        pass
+    try:
+        st = os.statvfs(path.parent)
+        return errno.ENOSPC if st.f_bavail == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def is_space_error(exc: BaseException) -> bool:
+    """True when ``exc`` is a write that failed for want of space or of file-size limit
+    (:data:`SPACE_ERRNOS`)."""
+    cause = os_error_in(exc)
+    return cause is not None and cause.errno in SPACE_ERRNOS
+
+
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
+    """Write ``path`` through ``write(fh)`` on a temporary file beside it, then replace.
+
+    Raises:
+        OSError: the folder cannot be written, or the write failed (full disk, file-size
+            limit, ...), whatever the library's exception was, with ``filename`` the
+            destination (:func:`write_failure`); the temporary file is removed and the old
+            file, if any, left whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -31,10 +100,23 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except Exception as exc:
+        failure = write_failure(exc, path, _size(tmp))
+        Path(tmp).unlink(missing_ok=True)
+        if failure is None:
+            raise
+        raise failure from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _size(path: str) -> Optional[int]:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 def remove_stale_temps(path: str | Path) -> int:

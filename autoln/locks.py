@@ -7,6 +7,14 @@ a killed run never leaves a stale lock and ``--resume`` proceeds. A second comma
 folder is refused at once, whatever its options (``--overwrite``, ``--resume``), naming the
 holder's host and process id, and changes nothing. :func:`build_lock` serialises the token
 cache's build of one corpus: a second run waits for the first and then reads its cache.
+
+A lock file removed while its command runs (by hand, a clean-up script) leaves the folder open
+to a second command. Each checkpoint therefore checks every lock this process holds
+(:func:`check_held`, :meth:`FolderLock.check`): a missing lock file is re-created and locked
+again, with a warning; if another command holds the folder by then, the run stops with one
+line (:class:`autoln.errors.StateLost`) instead of writing over that one's files. A run folder
+removed under a run ends it with one line too, naming the folder and the command that starts
+it again (:meth:`FolderLock.__exit__`), instead of the first failed write's traceback.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .errors import FolderInUse, OutputError
+from .errors import AutolnError, FolderInUse, OutputError, StateLost
 
 LOCK_FILE = ".autoln.lock"
+#: The locks this process holds now, oldest first (:func:`check_held`).
+_HELD: list["FolderLock"] = []
 
 
 def is_main_process() -> bool:
@@ -78,26 +88,82 @@ class FolderLock:
             fh = open(self.path, "a+")
         except OSError as exc:
             raise OutputError(f"--out {self.folder}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # the holder removes the file at release: a lock on a file no longer at the path is no lock
-            if os.fstat(fh.fileno()).st_ino != os.stat(self.path).st_ino:
-                raise BlockingIOError
-        except (BlockingIOError, FileNotFoundError):
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
+        holder = self._lock_or_holder(fh)
+        if holder is not None:
             if self.refusal is not None:
                 raise FolderInUse(self.refusal.format(folder=self.folder, path=self.path, holder=holder)) from None
             raise FolderInUse(f"--out {self.folder} is in use by {holder}: a folder holds one run at a time, so this "
                               "command changed nothing; wait for that one to end (a killed one releases the folder), or "
                               "choose another --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"autoln {self.what} (process {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)[:200]})\n")
-        fh.flush()
+        self._write_holder(fh)
         self.fh = fh
+        _HELD.append(self)
         return self
+
+    def _lock_or_holder(self, fh) -> Optional[str]:
+        """Lock the open lock file ``fh``: None when this process holds it now; else (another
+        holds it, or it is no longer the file at :attr:`path`, which its holder removes at
+        release: a lock on it is no lock) ``fh`` is closed and the holder it names is returned."""
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fh.fileno()).st_ino == os.stat(self.path).st_ino:
+                return None
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        return holder
+
+    def _write_holder(self, fh) -> None:
+        """Write who holds the folder into the (locked) lock file ``fh``: the refusal names it."""
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"autoln {self.what} (process {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)[:200]})\n")
+            fh.flush()
+        except OSError as exc:  # a full disk: the error names the lock file, as every writer's does
+            fh.close()
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
+
+    def check(self, kept: str = "") -> None:
+        """Make sure this process still holds the folder, i.e. the file at :attr:`path` is the
+        one it locked. A lock file removed meanwhile is re-created and locked again, with a
+        warning on stderr (a command that took the folder in between, if any, has ended: a
+        running one would hold the file). Nothing when the lock is not held.
+
+        Args:
+            kept: the end of the message when another command holds the folder now: what
+                this run keeps and the command that goes on (e.g. a checkpoint's
+                ``; the last checkpoint ... continue with: ...``).
+
+        Raises:
+            StateLost: the folder itself was removed (:func:`folder_removed_message`), or
+                another process holds a lock file at :attr:`path` now (named from that file);
+                this run must stop without writing anything more in the folder.
+        """
+        if self.fh is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self.fh.fileno()).st_ino:
+                return
+        except FileNotFoundError:
+            pass
+        if not self.folder.is_dir():
+            raise StateLost(folder_removed_message(self.folder, self.what, f"{self.path} went with it"))
+        try:
+            fh = open(self.path, "a+")
+        except FileNotFoundError:  # the folder went just now
+            raise StateLost(folder_removed_message(self.folder, self.what, f"{self.path} went with it")) from None
+        holder = self._lock_or_holder(fh)
+        if holder is not None:
+            raise StateLost(f"{self.path}, the lock of {self.folder}, was removed while this {self.what} ran, and {holder} "
+                            f"has taken the folder since; this run stopped so as not to write over that one's files{kept}") from None
+        self._write_holder(fh)
+        old, self.fh = self.fh, fh
+        old.close()  # its flock was on the removed file: no one else can wait on that one
+        print(f"warning: {self.path}, the lock of {self.folder}, was removed while this {self.what} ran: re-created and "
+              "locked again (no other command holds the folder now); the run goes on", file=sys.stderr, flush=True)
 
     def release(self) -> None:
         """Let the folder go: the lock file is removed (a second command never waits on it, so
@@ -106,7 +172,8 @@ class FolderLock:
         if self.fh is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            if self._still_mine():  # a re-created file of another command is that one's
+                self.path.unlink(missing_ok=True)
             if self.created and not any(self.folder.iterdir()):
                 self.folder.rmdir()
         except OSError:
@@ -114,12 +181,54 @@ class FolderLock:
         finally:
             self.fh.close()  # closing the descriptor releases the flock
             self.fh = None
+            if self in _HELD:
+                _HELD.remove(self)
+
+    def _still_mine(self) -> bool:
+        """The file at :attr:`path` is the one this lock holds."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self.fh.fileno()).st_ino
+        except OSError:
+            return False
 
     def __enter__(self) -> "FolderLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Release the lock. A failed write (an ``OSError``, or an exception it caused) while
+        the folder no longer exists becomes one :class:`autoln.errors.StateLost` line naming
+        the folder and the command that starts the run again."""
+        removed = (self.fh is not None and isinstance(exc, Exception) and not isinstance(exc, AutolnError)
+                   and not self.folder.is_dir())
         self.release()
+        if removed:
+            from .io import os_error_in
+
+            cause = os_error_in(exc)
+            if cause is not None:
+                name = os.fsdecode(cause.filename) if cause.filename else type(cause).__name__
+                raise StateLost(folder_removed_message(self.folder, self.what, f"{name}: {cause.strerror or cause}")) from None
+
+
+def folder_removed_message(folder: Path, what: str, cause: str) -> str:
+    """The one line of a run whose folder ``folder`` was removed while it ran (``what``: e.g.
+    ``search``; ``cause``: how it showed, e.g. the write that failed): nothing is left to
+    resume, and the command that starts it again (this process's, without ``--resume``)."""
+    from .commands import rerun_line
+
+    again = rerun_line(sys.argv[0], *(a for a in sys.argv[1:] if a != "--resume"))
+    return (f"--out {folder}: the run folder was removed while this {what} ran ({cause}); its checkpoint went with it, "
+            f"so nothing is left to resume: start it again with: {again}")
+
+
+def check_held(kept: str = "") -> None:
+    """:meth:`FolderLock.check` of every lock this process holds (at each checkpoint).
+
+    Raises:
+        StateLost: as :meth:`FolderLock.check`.
+    """
+    for lock in list(_HELD):
+        lock.check(kept)
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from . import distributed
 from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
 from .diagnostics import SpikeCounter, logits, snapshot
-from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, set_rng_state
+from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, set_rng_state, space_errors_kept
 from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
@@ -173,12 +173,14 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
     Raises:
         OutputError, DataError, GenotypeError, DivergenceError; ConfigError when
         ``retrain.batch_size`` is not divisible by the number of processes, or when resuming
-        with a config that differs from the checkpoint's.
+        with a config that differs from the checkpoint's; WriteError when a file cannot be
+        written for want of space (:func:`autoln.checkpoint.space_errors_kept`; the previous
+        checkpoint is kept).
     """
     # from the start: a second Ctrl-C in set-up stops at once; the folder is this process's until it ends
     if resume and not Path(out).is_dir():  # before the lock, which would create it
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
-    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "retrain"):
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "retrain"), space_errors_kept(Path(out)):
         return _retrain(cfg, genotype_spec, Path(out), overwrite, on_eval, resume, signals)
 
 
@@ -253,6 +255,9 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     """The body of :func:`run_retrain`, under its ``signals``: set up, train, evaluate, write."""
     rc = cfg.retrain
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
+    recorded, cut_note = genotype.record(genotype_spec)  # the copy in checkpoint.pt and metrics.json: provenance bounded
+    if cut_note:
+        distributed.print_main(f"note: {cut_note}", file=sys.stderr)
     ckpt = None
     if resume:
         def same_genotype(saved: dict) -> None:
@@ -270,7 +275,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device,
-                                  {"kind": "retrain", "config": cfg.to_dict(), "genotype": genotype.to_dict()},
+                                  {"kind": "retrain", "config": cfg.to_dict(), "genotype": recorded},
                                   write=main, last_step=ckpt["step"] if ckpt is not None else None)
     checkpointing.stop_if_signalled(f"before step {checkpointing.ckpts.next_step}, before writing anything")
     if main:
@@ -413,7 +418,7 @@ def finish_retrain(cfg: Config, corpus, genotype: Genotype, genotype_spec: str, 
         "wall_time_s": round(wall, 2), "history": state["history"], "created": utc_now(),
         "skipped_batches": state["skipped_batches"], "resumed_from_step": run.start if resumed else None,
         "data": {"corpus": corpus.name, "tokenizer": corpus.tokenizer, "fingerprint_sha256": corpus.fingerprint},
-        "packages": environment(), "genotype_file": genotype.to_dict(),
+        "packages": environment(), "genotype_file": genotype.record(genotype_spec)[0],
         "diagnostics": {"batch_windows": int(diag_x.shape[0]), "init": state["diag_init"], "evaluations": state["diag_history"],
                         "loss_spikes": run.spikes.spikes, "spike_factor": rc.spike_factor},
     }

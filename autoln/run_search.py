@@ -19,7 +19,7 @@ import numpy as np
 from . import distributed
 from .config import Config
 from .data import HEADLINE, UNITS, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
-from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume
+from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, space_errors_kept
 from .errors import ConfigError, OutputError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
@@ -106,10 +106,12 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
             good checkpoint is kept).
         ConfigError: ``search.batch_size`` not divisible by the number of processes; with
             ``resume``, a config that differs from the checkpoint's (naming each key).
+        WriteError: a file could not be written for want of space or of file-size limit
+            (:func:`autoln.checkpoint.space_errors_kept`); the previous checkpoint is kept.
     """
     if resume and not Path(out).is_dir():  # before the lock, which would create it
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
-    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "search"):  # from the start: a second Ctrl-C in set-up stops at once
+    with StopSignals(Path(out) / CHECKPOINT_FILE) as signals, FolderLock(out, "search"), space_errors_kept(Path(out)):  # from the start: a second Ctrl-C in set-up stops at once
         return _search(cfg, Path(out), overwrite, on_eval, resume, signals)
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .config import Config, with_defaults
+from .config import PLACE_KEYS, Config, with_defaults
 from .io import read_json
 
 METRICS_FILE = "metrics.json"
-#: What a run's config may differ in from another's and still be the same retrain.
-SAME_RUN_FREE = ("retrain.device", "model.candidates")
+#: What a run's config may differ in from another's and still be the same retrain: where and
+#: how fast it ran (:data:`autoln.config.PLACE_KEYS`) and the searched candidates.
+SAME_RUN_FREE = (*PLACE_KEYS, "model.candidates")
 
 
 def differences(old: dict, new: dict, prefix: str = "") -> list[str]:

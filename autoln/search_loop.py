@@ -237,7 +237,8 @@ class SearchLoop:
         """Apply ``search.on_divergence`` to a non-finite step (its update was not applied)."""
         if self.sc.on_divergence == "stop":
             where = self.checkpointing.describe() if self.checkpointing is not None else "no checkpoint was written before it"
-            raise DivergenceError(f"search diverged at step {step}: {what}; {where}. Try a new run with a lower search.lr "
+            new = self.checkpointing.ckpts.new_run() if self.checkpointing is not None else ""
+            raise DivergenceError(f"search diverged at step {step}: {what}; {where}. Try a new run{new} with a lower search.lr "
                                   "or more search.warmup_steps, or search.on_divergence=skip_batch")
         state["skipped_batches"] += 1
         self.emit("on_skipped_batch", step, state["skipped_batches"])

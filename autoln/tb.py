@@ -11,6 +11,7 @@ text.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -21,24 +22,54 @@ class Logger:
     """A thin wrapper over ``torch.utils.tensorboard.SummaryWriter`` that does nothing when
     disabled (``logging.tensorboard: false``).
 
+    TensorBoard writes its event file in a background thread and raises that thread's error
+    at a later call, as a bare ``OSError`` without the file's name. Every call here re-raises
+    it as ``OSError(errno, strerror, <event file>)`` (:func:`autoln.io.write_failure`), so a
+    full disk or a file-size limit is reported in one line naming the event file; the
+    thread's own traceback is not printed (:func:`quiet_writer_threads`), and :meth:`close`
+    after such a failure does not raise it a second time.
+
     Args:
         out_dir: the run folder; event files go directly in it.
         enabled: write event files or not.
         purge_step: a resumed run's first step: TensorBoard drops the events at and after it
             that the interrupted run wrote after its checkpoint.
+
+    Raises:
+        OSError: the event file cannot be created or written (``filename``: its path).
     """
 
     def __init__(self, out_dir: str | Path, enabled: bool = True, purge_step: Optional[int] = None) -> None:
-        self.writer = None
+        self.writer, self.out_dir, self.failed = None, Path(out_dir), False  # failed: a write raised
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(out_dir), purge_step=purge_step)
+            quiet_writer_threads()
+            self.writer = self._guard(lambda: SummaryWriter(log_dir=str(out_dir), purge_step=purge_step))
+
+    def event_file(self) -> Path:
+        """The event file this logger writes (its folder while none is open)."""
+        try:
+            return Path(self.writer.file_writer.event_writer._file_name)
+        except AttributeError:
+            return self.out_dir
+
+    def _guard(self, call):
+        try:
+            return call()
+        except Exception as exc:
+            from .io import write_failure
+
+            failure = write_failure(exc, self.event_file() if self.writer else self.out_dir)
+            if failure is None:
+                raise
+            self.failed = True
+            raise failure from None
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """One scalar point."""
         if self.writer:
-            self.writer.add_scalar(tag, value, step)
+            self._guard(lambda: self.writer.add_scalar(tag, value, step))
 
     def scalars(self, values: dict[str, float], step: int, prefix: str) -> None:
         """Several scalars as ``<prefix>/<key>``."""
@@ -48,14 +79,14 @@ class Logger:
     def text(self, tag: str, text: str, step: int = 0) -> None:
         """Text, shown as Markdown (wrap code in a fenced block to keep it verbatim)."""
         if self.writer:
-            self.writer.add_text(tag, text, step)
+            self._guard(lambda: self.writer.add_text(tag, text, step))
 
     def layout(self, sites: Sequence[str], candidates: Sequence[str]) -> None:
         """The Custom Scalars layout: one chart per site (category ``mixing probabilities``)
         with one line per candidate, tags ``alpha/<site>/<candidate>`` on a shared y-axis."""
         if self.writer:
             charts = {site: ["Multiline", [f"alpha/{site}/{c}" for c in candidates]] for site in sites}
-            self.writer.add_custom_scalars({"mixing probabilities (per site)": charts})
+            self._guard(lambda: self.writer.add_custom_scalars({"mixing probabilities (per site)": charts}))
 
     def alphas(self, probs: np.ndarray, sites: Sequence[str], candidates: Sequence[str], step: int,
                image: bool = False, chosen: Optional[Sequence[int]] = None) -> None:
@@ -66,24 +97,66 @@ class Logger:
             return
         for i, site in enumerate(sites):
             for k, cand in enumerate(candidates):
-                self.writer.add_scalar(f"alpha/{site}/{cand}", float(probs[i, k]), step)
+                self.scalar(f"alpha/{site}/{cand}", float(probs[i, k]), step)
         if image:
-            self.writer.add_figure("alphas", alpha_figure(probs, sites, candidates, title=f"step {step}", chosen=chosen), step)
+            fig = alpha_figure(probs, sites, candidates, title=f"step {step}", chosen=chosen)
+            self._guard(lambda: self.writer.add_figure("alphas", fig, step))
 
     def figure(self, tag: str, fig, step: int) -> None:
         """A matplotlib figure as an image (the figure stays open for the caller)."""
         if self.writer:
-            self.writer.add_figure(tag, fig, step, close=False)
+            self._guard(lambda: self.writer.add_figure(tag, fig, step, close=False))
+
+    def hparams(self, params: dict, metrics: dict) -> None:
+        """Hyperparameters and final metrics for the HParams view, as this folder's own run."""
+        if self.writer:
+            self._guard(lambda: self.writer.add_hparams(params, metrics, run_name="."))
 
     def flush(self) -> None:
         """Write pending events to disk."""
         if self.writer:
-            self.writer.flush()
+            self._guard(self.writer.flush)
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        if self.writer:
-            self.writer.close()
+        """Flush and close the event file. After a failed write (already raised), or while
+        another exception is on its way out (a ``finally`` block after a failed checkpoint),
+        it closes quietly: the run ends with that one error, not another one over it."""
+        if not self.writer:
+            return
+        quiet = self.failed or sys.exc_info()[1] is not None
+        try:
+            self._guard(self.writer.close)
+        except OSError:
+            if not quiet:
+                raise
+        finally:
+            self.writer = None
+
+    def __enter__(self) -> "Logger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def quiet_writer_threads() -> None:
+    """Install (once) a ``threading.excepthook`` that does not print the traceback of
+    TensorBoard's event-writer thread (``_AsyncWriterThread``): the writer raises that error
+    again in the calling thread, where :class:`Logger` reports it in one line. Every other
+    thread's error goes to the previous hook as before."""
+    import threading
+
+    if getattr(threading.excepthook, "_autoln_quiet", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, Exception):
+            return
+        previous(args)
+
+    hook._autoln_quiet = True
+    threading.excepthook = hook
 
 
 def heat_scale(probs: np.ndarray) -> float:

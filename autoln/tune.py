@@ -19,10 +19,20 @@ Storage: Optuna's journal file by default (one machine; a lock file keeps a seco
 the folder, so trials found RUNNING at start are lost ones), or any RDB URL (many machines; a
 heartbeat fails the trials of dead workers and Optuna's ``RetryHeartbeatStaleTrialCallback`` re-runs
 them).
+
+A removed state file: the journal (or a ``sqlite:///`` database file) removed or replaced while
+the study runs stops the command with one line (:class:`autoln.errors.StateLost`, exit 2):
+the study's record went with it, but every trial's folder stays. Re-running the command starts
+the study anew, and a trial whose folder (``trials/NNNN``, from the lost study) holds a search
+of its own settings reuses it when finished, or resumes it from its checkpoint, replaying the
+valid losses it reported (``reports.json``) so that the pruner decides as before; one with
+other settings is moved aside to ``trials/NNNN.earlier``. A removed ``tune.lock`` is
+re-created (:meth:`autoln.locks.FolderLock.check`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import os
@@ -36,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .commands import pip_extra
+from .commands import beside_python, pip_extra, resume_command
 from .config import Config, assign
-from .errors import AutolnError, ConfigError, OutputError
-from .io import write_text_atomic
-from .locks import FolderLock
+from .errors import AutolnError, ConfigError, OutputError, StateLost, WriteError
+from .io import read_json, write_text_atomic
+from .locks import FolderLock, check_held
 from .tune_study import FINISHED_OUTCOMES, Census, _headline, _optuna, best_trial, census, counts_toward_cap, outcome  # noqa: F401 (re-exported)
 from .workers import threads_per_worker
 
@@ -50,6 +60,12 @@ LOCK_FILE = "tune.lock"
 LOCK_REFUSAL = ("--out {folder}: another 'search.py --tune' is running on this folder ({path} is locked by {holder}); "
                 "add workers with --workers, or use an RDB tune.storage for several commands")
 TRIALS_DIR = "trials"
+#: A trial's valid losses as reported to the pruner (``{step: value}``), in its folder: a re-run
+#: after a lost journal replays them for the search it reuses.
+REPORTS_FILE = "reports.json"
+#: The exit status of a ``--workers`` process that found the storage's file gone (the command
+#: that started it says so in one line).
+WORKER_STORAGE_GONE = 75
 POLL_S = 2.0
 #: Config keys that may change between runs of one study (they do not change what a trial computes).
 RESUMABLE_KEYS = ("tune.n_trials", "tune.storage", "tune.rank_offset", "tune.heartbeat_interval", "tune.grace_period",
@@ -81,12 +97,147 @@ def admitted(study, number: int, cap: int) -> bool:
 # --- storage, study, sampler, pruner ----------------------------------------------------------
 
 
+class StorageGone(BaseException):
+    """Internal: the study's storage file (:class:`StorageFile`) was removed or replaced under
+    this process. A ``BaseException`` on purpose: Optuna's ``study.optimize`` catches a trial's
+    every ``Exception`` and then writes the trial's state to the same storage, which fails again
+    inside its own ``finally`` (``UnboundLocalError: ... 'updated_state'``, or ``AssertionError:
+    Should not reach`` for SQLite; optuna 4 and 5). This one passes through Optuna untouched to
+    :func:`run_tune` (or a worker's entry), which turns it into one
+    :class:`autoln.errors.StateLost` line (:func:`storage_lost_message`)."""
+
+    def __init__(self, path: Path, what: str, replaced: bool) -> None:
+        super().__init__(f"{path} ({what}) was {'replaced' if replaced else 'removed'}")
+        self.path, self.what, self.replaced = path, what, replaced
+
+
+class StorageFull(BaseException):
+    """Internal: a write to the study's journal failed for want of space (a full disk, a
+    file-size limit; :func:`autoln.io.is_space_error`). The journal is cut back to its last
+    whole record (:func:`journal_backend`), so the study is intact. A ``BaseException`` for the
+    reason :class:`StorageGone` is one; :func:`run_tune` turns it into one
+    :class:`autoln.errors.WriteError` line (:func:`storage_full_message`)."""
+
+    def __init__(self, path: Path, what: str, cause: OSError) -> None:
+        super().__init__(f"{path} ({what}): {cause.strerror or cause}")
+        self.path, self.what, self.cause = path, what, cause
+
+
+def storage_write_error(exc: BaseException) -> Optional[str]:
+    """The cause, in the driver's words, when ``exc`` or its causes are a write the study's
+    database refused (SQLAlchemy's ``OperationalError``: SQLite's ``database or disk is full``,
+    or its ``disk I/O error`` under a file-size limit), or a write that failed for want of
+    space (:func:`autoln.io.is_space_error`); None otherwise. Optuna reports such a failure in
+    its own errors over it (``StorageInternalError``, then ``AssertionError: Should not reach``)."""
+    from .io import is_space_error
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if is_space_error(exc):
+            return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+        if type(exc).__name__ == "OperationalError" and type(exc).__module__.startswith("sqlalchemy"):
+            orig = getattr(exc, "orig", None)
+            return str(orig or exc).splitlines()[0]
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+class StorageFile:
+    """The file a study's storage keeps it in (the journal, or a SQLite database) and its
+    identity (device, inode) when this process opened it.
+
+    Args:
+        path: the file; None for a storage without one (PostgreSQL, MySQL, SQLite in memory),
+            whose :meth:`check` does nothing.
+        what: its name in messages (``journal``, ``SQLite database``).
+    """
+
+    def __init__(self, path: Optional[Path], what: str) -> None:
+        self.path, self.what = path, what
+        self.identity = self._identity() if path is not None else None
+
+    def _identity(self) -> Optional[tuple[int, int]]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check(self) -> None:
+        """Raise :class:`StorageGone` when the file at :attr:`path` is not the one opened (removed,
+        or another file put in its place)."""
+        if self.path is None:
+            return
+        now = self._identity()
+        if now != self.identity:
+            raise StorageGone(self.path, self.what, replaced=now is not None)
+
+
+def journal_backend(path: Path):
+    """Optuna's ``JournalFileBackend`` on ``path``, checking before each read and append that
+    the file is still the one it opened (:attr:`file`, a :class:`StorageFile`). Optuna's own
+    backend re-creates a removed journal at its next append, as a journal without the study's
+    first records: its next read fails (``json ... Extra data``, its offsets point into the old
+    file), and a re-run would read that headless file as the study."""
+    from optuna.storages.journal import JournalFileBackend
+
+    class WatchedJournalFile(JournalFileBackend):
+        def __init__(self, file_path: str) -> None:
+            super().__init__(file_path)  # creates the file when missing
+            self.file = StorageFile(Path(file_path), "journal")
+
+        def read_logs(self, log_number_from: int):
+            self.file.check()
+            try:
+                yield from super().read_logs(log_number_from)
+            except (OSError, ValueError):  # removed or replaced while being read
+                self.file.check()
+                raise
+
+        def append_logs(self, logs) -> None:
+            from .io import is_space_error
+
+            self.file.check()
+            file_path = self.file.path
+            size = os.path.getsize(file_path)
+            try:
+                super().append_logs(logs)
+            except OSError as exc:
+                if not is_space_error(exc):
+                    raise
+                try:  # a record cut short would spoil every later one: back to the last whole record
+                    os.truncate(file_path, size)
+                except OSError:
+                    pass
+                raise StorageFull(Path(file_path), "journal", exc) from None
+
+    return WatchedJournalFile(str(path))
+
+
+def sqlite_file(url: str) -> Optional[Path]:
+    """The database file of a ``sqlite:///`` URL (relative to the working directory, as SQLite
+    opens it), or None for another database or SQLite in memory."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # a bad URL: open_storage names it
+        return None
+    name = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    return Path(name)
+
+
 #: Times to reopen an RDB storage whose schema another command was creating at the same moment.
 SCHEMA_RACE_RETRIES = 3
 
 
 def open_storage(cfg: Config, out: Path):
     """The study's storage: a journal file ``out/study.journal`` or the RDB at ``tune.storage``.
+    Its attribute ``autoln_file`` is the :class:`StorageFile` it keeps the study in (the
+    journal, a SQLite file, or none), watched by the study's every trial.
 
     Raises:
         ConfigError: the URL's database driver is not installed, or the database refuses the
@@ -95,15 +246,22 @@ def open_storage(cfg: Config, out: Path):
     optuna = _optuna()
     tc = cfg.tune
     if tc.storage is None:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from optuna.storages.journal import JournalStorage
 
-        return JournalStorage(JournalFileBackend(str(out / JOURNAL_FILE)))
+        backend = journal_backend(out / JOURNAL_FILE)
+        storage = JournalStorage(backend)
+        storage.autoln_file = backend.file  # the study's file, watched (open_study passes it on)
+        return storage
     try:
         for attempt in range(SCHEMA_RACE_RETRIES + 1):
             try:
-                return optuna.storages.RDBStorage(tc.storage, heartbeat_interval=tc.heartbeat_interval,
-                                                  grace_period=tc.grace_period,
-                                                  heartbeat_stale_trial_callback=retry_callback(cfg))
+                storage = optuna.storages.RDBStorage(tc.storage, heartbeat_interval=tc.heartbeat_interval,
+                                                     grace_period=tc.grace_period,
+                                                     heartbeat_stale_trial_callback=retry_callback(cfg))
+                database = sqlite_file(tc.storage)
+                storage.autoln_file = StorageFile(database if database is not None and database.exists() else None,
+                                                  "SQLite database")
+                return storage
             except Exception as exc:
                 # Two commands starting at once on an empty database both create Optuna's tables;
                 # the loser's CREATE TABLE fails with "already exists". Opening again finds them.
@@ -112,8 +270,9 @@ def open_storage(cfg: Config, out: Path):
                 time.sleep(0.5 + random.random())
     except ModuleNotFoundError as exc:
         driver = "psycopg2-binary" if exc.name and "psycopg" in exc.name else exc.name
+        install = pip_extra("postgres") if driver == "psycopg2-binary" else f"{beside_python('pip', 'pip')} install {driver}"
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: the database driver '{exc.name}' is not installed "
-                          f"({pip_extra('postgres') if driver == 'psycopg2-binary' else f'pip install {driver}'})") from None
+                          f"({install})") from None
     except Exception as exc:  # sqlalchemy's errors: bad URL, refused connection, missing driver, ...
         hint = ""
         if "DB access module" in str(exc) and tc.storage.startswith("postgresql://"):
@@ -183,6 +342,7 @@ def study_config(cfg: Config) -> dict[str, Any]:
 
 def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
     """Create (``create``) or load the study ``tune.study_name`` with this worker's sampler.
+    Its attribute ``autoln_file`` is the storage's :class:`StorageFile`.
 
     Raises:
         ConfigError: the existing study minimises nothing or was made with another config
@@ -199,6 +359,7 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
         if not create:
             raise ConfigError(f"{where} does not exist") from None
         study = optuna.create_study(direction="minimize", load_if_exists=True, **kwargs)
+    study.autoln_file = storage.autoln_file
     study.sampler = make_sampler(cfg, rank, len(study.get_trials(deepcopy=False)))
     if study.direction != optuna.study.StudyDirection.MINIMIZE or len(study.directions) != 1:
         raise ConfigError(f"{where} is not a single-objective minimisation study; autoln's studies minimise "
@@ -264,12 +425,12 @@ def trial_config(cfg: Config, params: dict[str, Any]) -> Config:
 def write_hparams(trial_dir: Path, params: dict[str, Any], metrics: dict[str, float]) -> None:
     """The trial's hyperparameters and final metrics for TensorBoard's HParams view (one run
     per trial, in ``trial_dir``)."""
-    from torch.utils.tensorboard import SummaryWriter
+    from .tb import Logger
 
     clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in params.items()}
     metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-    with SummaryWriter(log_dir=str(trial_dir)) as writer:
-        writer.add_hparams(clean, metrics, run_name=".")  # "." : the session is the trial's own run
+    with Logger(trial_dir) as log:
+        log.hparams(clean, metrics)  # the trial's own run: a full disk names its event file
 
 
 class Objective:
@@ -280,17 +441,34 @@ class Objective:
         cfg: the study's resolved config.
         out: the study folder; the trial writes ``trials/NNNN``.
         worker: this worker's id (``host:pid:rank``), recorded on each trial.
+        storage_file: the study's :class:`StorageFile` (``study.autoln_file``), checked when a
+            trial ends; None: not checked.
     """
 
-    def __init__(self, cfg: Config, out: Path, worker: str) -> None:
+    def __init__(self, cfg: Config, out: Path, worker: str, storage_file: Optional[StorageFile] = None) -> None:
         self.cfg, self.out, self.worker = cfg, out, worker
         self.headline = _headline(cfg)
+        self.file = storage_file or StorageFile(None, "storage")
 
     def __call__(self, trial) -> float:
+        """Run the trial (:meth:`run`). An exception it ends with while the study's file is gone
+        (a storage error that the removal caused) becomes :class:`StorageGone`, which Optuna
+        passes on; the file is checked once more before Optuna writes the value."""
+        try:
+            value = self.run(trial)
+        except StorageGone:
+            raise
+        except BaseException:
+            self.file.check()
+            raise
+        self.file.check()
+        return value
+
+    def run(self, trial) -> float:
+        """The trial itself: suggest, search (:meth:`search`), proxy retrain, score."""
         optuna = _optuna()
         from .run_retrain import run_retrain
         from .errors import DivergenceError
-        from .run_search import run_search
 
         started = time.perf_counter()
         for key in ("genotype", "placements", "reason", "supernet_valid", "wall_time_s"):  # a re-run copies the lost trial's
@@ -304,14 +482,19 @@ class Objective:
             raise OverCap(f"trial {trial.number}: the cap of {self.cfg.tune.n_trials} finished trials is taken")
         params = {key: suggest(trial, key, spec) for key, spec in self.cfg.tune.space.items()}
         tdir = self.out / TRIALS_DIR / f"{trial.number:04d}"
+        earlier = tdir.is_dir()  # a trial's folder is its own: one found now is a lost study's (its journal went)
         tdir.mkdir(parents=True, exist_ok=True)
         trial.set_user_attr("trial_dir", str(tdir))
         metrics: dict[str, float] = {}
         line = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
         print(f"[tune] trial {trial.number} ({self.worker}) starts: {line}", file=sys.stderr, flush=True)
+        reports: dict[int, float] = {}
 
         def report(offset: int):
             def hook(step: int, valid: dict) -> None:
+                reports[offset + step] = valid[self.headline]  # before the storage: kept if that fails
+                write_text_atomic(tdir / REPORTS_FILE, json.dumps({str(k): v for k, v in sorted(reports.items())}))
+                self.file.check()  # a SQLite file's removal shows only at a write, as an error of the trial's
                 trial.report(valid[self.headline], offset + step)
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at step {offset + step}: valid {self.headline} {valid[self.headline]:.4f}")
@@ -329,7 +512,7 @@ class Objective:
 
         try:
             cfg = trial_config(self.cfg, params)
-            result = run_search(cfg, tdir / "search", overwrite=True, on_eval=report(0))
+            result = self.search(trial.number, cfg, tdir, report(0), earlier)
             trial.set_user_attr("genotype", result.genotype.to_dict())
             trial.set_user_attr("placements", result.genotype.describe())
             metrics["supernet_valid"] = result.valid[self.headline]
@@ -361,9 +544,146 @@ class Objective:
             retry_callback(self.cfg)(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
             raise
         except Exception as exc:
+            tdir.mkdir(parents=True, exist_ok=True)  # the trial's folder may be what was removed
             write_text_atomic(tdir / "error.txt", traceback.format_exc())
             finish("error", f"{type(exc).__name__}: {exc} (traceback in {tdir / 'error.txt'})")
             raise
+
+    def search(self, number: int, cfg: Config, tdir: Path, hook, earlier: bool):
+        """The trial's search in ``tdir/search``: a new one, or, when ``earlier`` (the folder was
+        there before the trial: a lost study's, see the module docstring), the search it holds
+        (:func:`earlier_search`): a finished one is reused, one with a checkpoint resumed, each
+        after replaying the valid losses it reported (``reports.json``) through ``hook``; one
+        made with other settings is moved aside (:func:`set_aside`). Returns the
+        :class:`autoln.run_search.SearchResult` (``model`` None when reused).
+
+        Raises:
+            optuna.TrialPruned: the pruner stops the trial at a replayed step.
+        """
+        from .genotype import Genotype
+        from .run_search import GENOTYPE_FILE, SearchResult, run_search
+
+        folder = tdir / "search"
+        held = earlier_search(folder, cfg) if earlier else None
+        if held == "other":
+            aside = set_aside(tdir)
+            print(f"[tune] trial {number}: {tdir} held a trial of another study with other settings; moved it to {aside}",
+                  file=sys.stderr, flush=True)
+            held = None
+        if held is None:
+            (tdir / REPORTS_FILE).unlink(missing_ok=True)  # an earlier trial's, if any: not this search's
+            return run_search(cfg, folder, overwrite=True, on_eval=hook)
+        recorded = read_json(tdir / REPORTS_FILE)
+        recorded = recorded if isinstance(recorded, dict) else {}
+        try:
+            replay = sorted((int(k), float(v)) for k, v in recorded.items() if int(k) <= cfg.search.steps)
+        except (TypeError, ValueError):
+            replay = []
+        if held == "finished":
+            genotype = Genotype.load(folder / GENOTYPE_FILE)
+            measured = genotype.provenance["metrics"]
+            print(f"[tune] trial {number}: reusing {folder / GENOTYPE_FILE}, a finished search of this trial's settings "
+                  "from the study this folder held before", file=sys.stderr, flush=True)
+            for step, value in replay or [(measured["steps"], measured["supernet_valid"][self.headline])]:
+                hook(step, {self.headline: value})
+            return SearchResult(genotype, folder / GENOTYPE_FILE, measured["supernet_valid"], measured["wall_time_s"], None)
+        print(f"[tune] trial {number}: resuming {folder} from its checkpoint, a search of this trial's settings from the "
+              "study this folder held before", file=sys.stderr, flush=True)
+        for step, value in replay:
+            hook(step, {self.headline: value})
+        return run_search(cfg, folder, on_eval=hook, resume=True)
+
+
+def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
+    """What the search folder ``folder`` of a trial holds from before the trial (a lost study's):
+    ``"finished"`` (a genotype searched with ``cfg``'s data, model and search sections,
+    :func:`autoln.consensus.check_same_search`), ``"checkpoint"`` (a checkpoint of a search whose
+    ``config.yaml`` ``--resume`` accepts with ``cfg``, :func:`autoln.checkpoint.resume_differences`),
+    ``"other"`` (either, made otherwise, or unreadable) or None (neither: nothing to keep)."""
+    import yaml
+
+    from .checkpoint import resume_differences
+    from .config import with_defaults
+    from .consensus import check_same_search
+    from .run_search import GENOTYPE_FILE
+    from .training import CHECKPOINT_FILE
+
+    if (folder / GENOTYPE_FILE).exists():
+        try:
+            check_same_search(folder, cfg)
+        except AutolnError:  # other settings, or a genotype file that does not read
+            return "other"
+        return "finished"
+    if (folder / CHECKPOINT_FILE).exists():
+        try:
+            saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+            same = isinstance(saved, dict) and not resume_differences(with_defaults(saved), cfg.to_dict(), "search")[0]
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, AutolnError, TypeError, AttributeError):
+            same = False
+        return "checkpoint" if same else "other"
+    return None
+
+
+def set_aside(tdir: Path) -> Path:
+    """Rename the trial folder ``tdir`` to the first free ``NNNN.earlier``, ``NNNN.earlier2``, ...
+    beside it (nothing of another study is deleted), and create ``tdir`` anew. Returns the new name."""
+    aside, k = tdir.with_name(f"{tdir.name}.earlier"), 1
+    while aside.exists():
+        k += 1
+        aside = tdir.with_name(f"{tdir.name}.earlier{k}")
+    tdir.rename(aside)
+    tdir.mkdir()
+    return aside
+
+
+def trial_folders(out: Path) -> tuple[list[int], list[int]]:
+    """The trials under ``out/trials`` whose search finished (``genotype.json``) and those whose
+    search stopped with a checkpoint."""
+    from .run_search import GENOTYPE_FILE
+    from .training import CHECKPOINT_FILE
+
+    finished, stopped = [], []
+    for folder in sorted((out / TRIALS_DIR).glob("[0-9][0-9][0-9][0-9]")):
+        if (folder / "search" / GENOTYPE_FILE).exists():
+            finished.append(int(folder.name))
+        elif (folder / "search" / CHECKPOINT_FILE).exists():
+            stopped.append(int(folder.name))
+    return finished, stopped
+
+
+def storage_lost_message(gone: StorageGone, out: Path) -> str:
+    """The one line of a study whose storage file went (``gone``): the file, that the study's
+    record went with it, the trial folders kept, and the command that starts it again and
+    reuses them (:meth:`Objective.search`)."""
+    again = resume_command(out)
+    what = (f"{gone.path}, the study's {gone.what}, was {'replaced by another file' if gone.replaced else 'removed'} "
+            "while the study ran")
+    if not out.is_dir():
+        return f"{what}, and the study folder {out} with it: nothing of the study is left; start it again with: {again}"
+    finished, stopped = trial_folders(out)
+    kept = []
+    if finished:
+        kept.append(f"the finished searches of trial(s) {', '.join(map(str, finished))} (trials/NNNN/search/genotype.json)")
+    if stopped:
+        kept.append(f"the checkpoints of the searches of trial(s) {', '.join(map(str, stopped))} (trials/NNNN/search/checkpoint.pt)")
+    return (f"{what}: the record of its trials (parameters, scores, states) went with it, so this command stopped. "
+            f"Kept in {out / TRIALS_DIR}: {' and '.join(kept) if kept else 'no trial had a search on disk yet'}. "
+            f"Run the same command again: it starts the study anew, and a trial whose folder holds a search of its own "
+            f"settings reuses it, or resumes it from its checkpoint (with one worker and the same tune.seed the trials "
+            f"draw the same parameters again, so no finished search is redone; a folder of other settings is moved "
+            f"aside, not deleted): {again}")
+
+
+def storage_full_message(path, what: str, cause: str, out: Path) -> str:
+    """The one line of a study whose storage could not be written for want of space: the file,
+    that the study is intact, the trial folders kept, and the command that goes on."""
+    finished, stopped = trial_folders(out) if out.is_dir() else ([], [])
+    kept = [f"the finished searches of trial(s) {', '.join(map(str, finished))}"] if finished else []
+    if stopped:
+        kept.append(f"the checkpoints of trial(s) {', '.join(map(str, stopped))}")
+    return (f"cannot write {path} ({what}): {cause}; the study's record up to its last write is intact"
+            f"{', and ' + ' and '.join(kept) + ' are kept in ' + str(out / TRIALS_DIR) if kept else ''}. Once there is space, "
+            f"run the same command again; it goes on with the study: {resume_command(out)}")
 
 
 def _short(value: Any) -> str:
@@ -397,7 +717,13 @@ def run_worker(cfg: Config, out: Path, rank: int, threads: Optional[int] = None)
     """One worker: run trials until the study has ``tune.n_trials`` finished ones.
 
     While the finished plus running trials reach the cap, the worker waits (another worker's
-    trial may still fail and free its slot; RDB heartbeats detect dead workers here).
+    trial may still fail and free its slot; RDB heartbeats detect dead workers here). Before
+    each trial it checks the study's file (:class:`StorageFile`) and the folder's lock
+    (:func:`autoln.locks.check_held`, held by the command's own process).
+
+    Raises:
+        StorageGone: the study's journal or SQLite file was removed or replaced.
+        StateLost: the lock file was removed and another command took the folder.
     """
     optuna = _optuna()
     if threads:
@@ -406,8 +732,10 @@ def run_worker(cfg: Config, out: Path, rank: int, threads: Optional[int] = None)
         torch.set_num_threads(threads)
     study = open_study(cfg, out, rank)
     worker = f"{socket.gethostname()}:{os.getpid()}:rank{rank}"
-    objective = Objective(cfg, out, worker)
+    objective = Objective(cfg, out, worker, study.autoln_file)
     while True:
+        study.autoln_file.check()
+        check_held(lock_kept(out))
         optuna.storages.fail_stale_trials(study)
         c = census(study)
         if c.finished >= cfg.tune.n_trials:
@@ -418,10 +746,24 @@ def run_worker(cfg: Config, out: Path, rank: int, threads: Optional[int] = None)
         study.optimize(objective, n_trials=1, catch=(Exception,), gc_after_trial=True)
 
 
+def lock_kept(out: Path) -> str:
+    """The end of the message when another command took the study's folder
+    (:meth:`autoln.locks.FolderLock.check`): what is kept and the command that goes on."""
+    return (f"; the finished trials stay in the study's storage and their folders: once that command has ended, run "
+            f"this one again: {resume_command(out)}")
+
+
 def _worker_entry(cfg: Config, out: str, rank: int, threads: int) -> None:
-    """Entry of a spawned worker process: exit 0 when done, 2 on bad input, 130 on Ctrl-C."""
+    """Entry of a spawned worker process: exit 0 when done, 2 on bad input, 130 on Ctrl-C,
+    :data:`WORKER_STORAGE_GONE` (silently: the command says it) when the study's file went."""
     try:
         run_worker(cfg, Path(out), rank, threads)
+    except StorageGone:
+        sys.exit(WORKER_STORAGE_GONE)
+    except StorageFull as full:
+        print(f"error: worker rank {rank}: cannot write {full.path} (the study's {full.what}): {full.cause.strerror}",
+              file=sys.stderr)
+        sys.exit(2)
     except AutolnError as exc:
         print(f"error: worker rank {rank}: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -488,6 +830,9 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
     Raises:
         ConfigError: bad ``workers``, storage or a study made with another config.
         OutputError: the folder is unusable or another command holds its lock.
+        StateLost: the study's journal or SQLite file was removed or replaced while it ran
+            (:func:`storage_lost_message`), or its lock file was removed and another command
+            took the folder.
         DataError: the corpus cannot be read or is too short (checked before any trial).
     """
     from .tune_report import write_report
@@ -515,30 +860,25 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         if overwrite:
             _clear(cfg, out)
         study = open_study(cfg, out, cfg.tune.rank_offset, create=True)
-        write_text_atomic(out / "config.yaml", cfg.to_yaml())
-        if cfg.tune.storage is None:  # the lock proves no live worker: RUNNING trials are lost ones
-            lost = recover_lost(study, cfg, lambda t: True)
-            if lost:
-                print(f"[tune] trials {lost} were running when their command died: marked failed and queued to re-run",
-                      file=sys.stderr)
-        c = census(study)
-        print(f"[tune] study '{cfg.tune.study_name}' -> {out}: {c.finished}/{cfg.tune.n_trials} finished, "
-              f"{c.running} running, {c.waiting} waiting; {workers} worker(s)", file=sys.stderr, flush=True)
-        if c.finished < cfg.tune.n_trials:
-            if workers == 1:
-                run_worker(cfg, out, cfg.tune.rank_offset)
-            else:
-                _run_processes(cfg, out, workers, study)
-        study = open_study(cfg, out, cfg.tune.rank_offset)
-        files = write_report(study, cfg, out)
-        c = census(study)
-        best = best_trial(study)
-        return TuneResult(out, c, best.number if best else None, best.value if best else None, files,
-                          time.perf_counter() - started)
-    except KeyboardInterrupt:
-        if study is not None:  # keep the report of what finished; the interrupted trial is queued to re-run
+        try:
+            return _run_study(cfg, out, workers, study, started)
+        except KeyboardInterrupt:
+            study.autoln_file.check()  # a removed journal is what to report, not the Ctrl-C
+            # keep the report of what finished; the interrupted trial is queued to re-run
             write_report(open_study(cfg, out, cfg.tune.rank_offset), cfg, out)
-        raise
+            raise
+        except AutolnError:
+            raise
+        except Exception as exc:
+            study.autoln_file.check()  # a storage error that its removed file caused: say that instead
+            cause = storage_write_error(exc)
+            if cause is not None:  # an RDB (SQLite) that cannot write: Optuna ends in its own error over it
+                raise WriteError(storage_full_message(cfg.tune.storage, "the study's database", cause, out)) from None
+            raise
+    except StorageGone as gone:
+        raise StateLost(storage_lost_message(gone, out)) from None
+    except StorageFull as full:
+        raise WriteError(storage_full_message(full.path, f"the study's {full.what}", full.cause.strerror, out)) from None
     except AutolnError:
         if created and study is None:  # refused before anything was written: leave no folder behind
             lock.release()
@@ -546,6 +886,43 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
         raise
     finally:
         lock.release()
+
+
+def _run_study(cfg: Config, out: Path, workers: int, study, started: float) -> TuneResult:
+    """The body of :func:`run_tune` once its ``study`` is open: recover lost trials, run the
+    workers, write the report.
+
+    Raises:
+        StorageGone: the study's journal or SQLite file was removed or replaced meanwhile.
+    """
+    from .tune_report import write_report
+
+    write_text_atomic(out / "config.yaml", cfg.to_yaml())
+    if cfg.tune.storage is None:  # the lock proves no live worker: RUNNING trials are lost ones
+        lost = recover_lost(study, cfg, lambda t: True)
+        if lost:
+            print(f"[tune] trials {lost} were running when their command died: marked failed and queued to re-run",
+                  file=sys.stderr)
+    c = census(study)
+    print(f"[tune] study '{cfg.tune.study_name}' -> {out}: {c.finished}/{cfg.tune.n_trials} finished, "
+          f"{c.running} running, {c.waiting} waiting; {workers} worker(s)", file=sys.stderr, flush=True)
+    earlier = sorted(p.name for p in (out / TRIALS_DIR).glob("[0-9][0-9][0-9][0-9]") if p.is_dir())
+    if earlier and not study.get_trials(deepcopy=False):
+        print(f"[tune] the study is new, but {out / TRIALS_DIR} holds {len(earlier)} trial folder(s) of an earlier one (its "
+              "storage was removed?): a trial whose folder holds a search of its own settings reuses it, or resumes it "
+              "from its checkpoint; one with other settings is moved aside to NNNN.earlier", file=sys.stderr, flush=True)
+    if c.finished < cfg.tune.n_trials:
+        if workers == 1:
+            run_worker(cfg, out, cfg.tune.rank_offset)
+        else:
+            _run_processes(cfg, out, workers, study)
+    study.autoln_file.check()  # before opening it again (a removed journal would be created anew, empty)
+    study = open_study(cfg, out, cfg.tune.rank_offset)
+    files = write_report(study, cfg, out)
+    c = census(study)
+    best = best_trial(study)
+    return TuneResult(out, c, best.number if best else None, best.value if best else None, files,
+                      time.perf_counter() - started)
 
 
 def _clear(cfg: Config, out: Path) -> None:
@@ -567,7 +944,14 @@ def _clear(cfg: Config, out: Path) -> None:
 
 def _run_processes(cfg: Config, out: Path, workers: int, study) -> None:
     """Spawn ``workers`` worker processes (ranks ``rank_offset + i``, an equal share of the
-    CPU threads each) and wait; when one dies, fail and re-queue the trial it was running."""
+    CPU threads each) and wait; when one dies, fail and re-queue the trial it was running.
+    Every half second it checks the study's file and the folder's lock, as :func:`run_worker`;
+    when either went, the workers are stopped with SIGTERM (each search writes its checkpoint).
+
+    Raises:
+        StorageGone, StateLost: as :func:`run_worker`.
+        ConfigError: a worker refused its input.
+    """
     ctx = mp.get_context("spawn")
     threads = threads_per_worker(workers)
     procs = []
@@ -580,6 +964,8 @@ def _run_processes(cfg: Config, out: Path, workers: int, study) -> None:
         while alive:
             for p in list(alive):
                 p.join(timeout=0.5)
+                study.autoln_file.check()
+                check_held(lock_kept(out))
                 if p.exitcode is None:
                     continue
                 alive.remove(p)
