@@ -141,7 +141,8 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
     diffs, place = resume_differences(with_defaults(ckpt["config"]), cfg.to_dict(), kind)
     if diffs:
         raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
-                          + f". Resume with the run's own config (--config {out / 'config.yaml'}) or start a new run")
+                          + f". Resume with the run's own config (--config {out / 'config.yaml'}, without the --set of those "
+                          "keys), or start a new run (--overwrite in place of --resume, or another --out)")
     if place and distributed.is_main():
         print(f"note: --resume with {'; '.join(place)}: {NOT_BITWISE}", file=sys.stderr)
     return ckpt

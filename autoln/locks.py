@@ -123,7 +123,10 @@ class FolderLock:
             fh.write(f"autoln {self.what} (process {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv)[:200]})\n")
             fh.flush()
         except OSError as exc:  # a full disk: the error names the lock file, as every writer's does
-            fh.close()
+            try:
+                fh.close()  # flushes the same line again, and fails the same way
+            except OSError:
+                pass
             raise OSError(exc.errno, exc.strerror, str(self.path)) from None
 
     def check(self, kept: str = "") -> None:

@@ -61,7 +61,8 @@ def test_a_run_older_than_a_key_resumes_with_its_own_config_as_the_refusal_says(
     assert cli.retrain_main([*RETRAIN, "--config", TINY, "--out", str(out), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "model.residual_init (checkpoint 'unscaled', now 'scaled')" in err
-    assert f"Resume with the run's own config (--config {out / 'config.yaml'})" in err
+    assert (f"Resume with the run's own config (--config {out / 'config.yaml'}, without the --set of those keys), "
+            "or start a new run (--overwrite in place of --resume, or another --out)") in err
     # the remedy, followed as printed
     assert cli.retrain_main([*RETRAIN, "--config", str(out / "config.yaml"), "--out", str(out), "--resume"]) == 0
     err = capsys.readouterr().err

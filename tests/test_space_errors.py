@@ -256,3 +256,19 @@ def test_a_tune_study_whose_storage_is_out_of_space_says_one_line_and_goes_on_wh
                            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "2/2 finished trials" in rerun.stdout + rerun.stderr
+
+
+def test_a_disk_full_before_the_lock_file_is_written_names_the_lock_file(tmp_path):
+    """The first write of a run is the holder line in its lock file: on a full disk (here a
+    file-size limit) the line names that file, and the command run again as printed goes on."""
+    out = tmp_path / "run"
+    proc = run_limited("autoln.locks", "FolderLock._write_holder", 1, "search", "--config", TINY, *SHORT, "--out", str(out),
+                       cache=tmp_path / "cache")
+    line = assert_one_line(proc, str(out / ".autoln.lock"))
+    assert "the files written before it are kept. Once there is space, continue with: " in line
+    import shlex
+
+    again = subprocess.run(shlex.split(line.split("continue with: ", 1)[1]), capture_output=True, text=True, cwd=ROOT,
+                           timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "genotype.json").is_file()
