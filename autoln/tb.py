@@ -12,6 +12,7 @@ text.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -45,6 +46,7 @@ class Logger:
             from torch.utils.tensorboard import SummaryWriter
 
             quiet_writer_threads()
+            wait_past_event_files(self.out_dir)
             self.writer = self._guard(lambda: SummaryWriter(log_dir=str(out_dir), purge_step=purge_step))
 
     def event_file(self) -> Path:
@@ -137,6 +139,29 @@ class Logger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def wait_past_event_files(out_dir: Path, clock=time.time, sleep=time.sleep) -> float:
+    """Wait until the clock's whole second is past every event file already in ``out_dir``;
+    returns the seconds waited (0.0 mostly).
+
+    TensorBoard reads a folder's event files in the order of their names,
+    ``events.out.tfevents.<10-digit second>.<host>.<pid>.<counter>``, and applies a resumed
+    file's ``purge_step`` to what it read before it. Two files created in the same second sort
+    by pid and then by a counter compared as text (``.10`` before ``.9``), so a run resumed
+    within a second of its start could be read before the part it resumes, its purge step
+    applied to nothing and its later steps drawn first. A new file whose second is greater
+    than every existing one's always sorts after them; the wait is at most one second and
+    happens only when a file of the current second is there (a resume right after the start);
+    a file of a later second (a clock set back) is not waited for.
+    """
+    seconds = [int(part) for f in Path(out_dir).glob("events.out.tfevents.*")
+               for part in f.name.split(".")[3:4] if part.isdigit()]
+    if not seconds or int(clock()) != max(seconds):  # a file from the future (a clock set back): no wait
+        return 0.0
+    pause = max(seconds) + 1 - clock()
+    sleep(pause)
+    return pause
 
 
 def quiet_writer_threads() -> None:

@@ -411,3 +411,43 @@ def test_a_resumed_retrain_keeps_every_tensorboard_series(tmp_path):
     for tag in tags:
         assert [(e.step, e.value) for e in whole.Scalars(tag)] == [(e.step, e.value) for e in part.Scalars(tag)], tag
     assert [e.step for e in part.Images("diag_init")] == [0]
+
+
+def test_a_new_event_file_waits_past_the_second_of_those_already_there(tmp_path):
+    """TensorBoard orders a folder's event files by name; two of one second sort by pid and a
+    counter compared as text. A new file waits out the current second when a file of that second
+    is there (the rest of it: 0.7 s at 100.3), and not at all for an older one or one of a later
+    second (a clock set back)."""
+    from autoln.tb import wait_past_event_files
+
+    (tmp_path / "events.out.tfevents.0000000100.host.1.9").write_bytes(b"")
+    slept = []
+    assert wait_past_event_files(tmp_path, clock=lambda: 100.3, sleep=slept.append) == pytest.approx(0.7)
+    assert slept == [pytest.approx(0.7)]
+    assert wait_past_event_files(tmp_path, clock=lambda: 101.0, sleep=slept.append) == 0.0
+    assert wait_past_event_files(tmp_path, clock=lambda: 99.5, sleep=slept.append) == 0.0
+    assert wait_past_event_files(tmp_path / "none", clock=lambda: 100.3, sleep=slept.append) == 0.0
+    assert len(slept) == 1
+
+
+def test_a_resumed_logger_right_after_the_first_is_read_after_it(tmp_path, monkeypatch):
+    """The instance CI hit: a resumed event file created in the same second as the first, with
+    TensorBoard's file counter going from 9 to 10 (".10" sorts before ".9"), was read first, so
+    its step-4 point came before steps 0 and 2. Now the resumed file sorts last and the series
+    reads 0, 2, 4 with the interrupted run's step 4 purged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    from autoln.tb import Logger
+
+    monkeypatch.setattr(event_file_writer._global_uid, "_value", 9)
+    with Logger(tmp_path) as log:
+        for step, value in [(0, 1.0), (2, 2.0), (4, 9.0)]:  # step 4: written after the step-2 checkpoint
+            log.scalar("train/loss", value, step)
+    with Logger(tmp_path, purge_step=3) as log:
+        log.scalar("train/loss", 3.0, 4)
+    files = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    assert [name.rsplit(".", 1)[1] for name in files] == ["9", "10"]
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(0, 1.0), (2, 2.0), (4, 3.0)]
