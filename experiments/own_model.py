@@ -1,0 +1,163 @@
+"""Your own model, tried for real: does the API's answer hold against a nanoGPT model's own Pre-LN?
+
+The model is ``examples/gpt.py`` (nanoGPT's init: N(0, 0.02), branch output projections at
+0.02/sqrt(2N), no biases), the data tiny Shakespeare as characters (nanoGPT's
+``shakespeare_char`` preparation), the training nanoGPT's loop and recipe
+(``examples/nanogpt_recipe.py``: AdamW lr 1e-3, 100 warm-up steps, cosine to 1e-4, clip 1.0),
+4 layers of width 64, block 64, batch 32, 500 steps. Each variant searches with
+``autoln.search`` (search seed s), derives a fresh model from the answer and trains it with the
+recipe (seed s); the baselines are the model's own placement (``pre``) and the other uniform
+placements, trained the same way. Lower is better: validation loss in nats per character over
+every non-overlapping window of the split.
+
+Variants (the suspects of the issue, each measured, none assumed):
+
+- ``readme``: ``autoln.search(model, train, steps=300, arch_batches=alpha)`` as the README
+  wrote it before (the API's default schedule then: warm-ups 30 and 60);
+- ``api``: ``autoln.search`` without ``steps`` or ``cfg``: the API's default now;
+- ``cli``: ``search.py``'s default schedule (500 steps, warm-ups 50 and 100);
+- ``cli-lr``: the same with the model's own learning rate (1e-3) instead of the search's 2e-3;
+- ``cli-argmax``: the same read off by argmax instead of the perturbation selection;
+- ``cli-noinit``: ``cli``'s answer derived without DeepNorm's init gain on top of nanoGPT's
+  already scaled projections (``derive(..., init=False)``).
+
+Every finished run is a row of ``experiments/own_model.csv`` (reused, never re-run)::
+
+    OMP_NUM_THREADS=1 python experiments/own_model.py --data ../shared/data/tinyshakespeare/input.txt \
+        --variants readme,api,cli,cli-lr,cli-argmax,cli-noinit --baselines pre,post,deepnorm --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+from gpt import GPT, GPTConfig  # noqa: E402
+from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
+
+import autoln  # noqa: E402
+
+TABLE = ROOT / "experiments" / "own_model.csv"
+FIELDS = ["variant", "seed", "genotype", "val", "search_steps", "search_s", "train_s", "setup"]
+CANDIDATES = ("pre", "post", "deepnorm")
+SIZE = dict(n_layer=4, n_embd=64, n_head=4, block_size=64)
+SETUP = "shakespeare-char L4 d64 T64 B32 500 steps"
+
+
+def search_settings(variant: str) -> tuple[int | None, autoln.SearchConfig | None, bool]:
+    """``(steps, cfg, deepnorm init)`` of a variant (see the module's docstring)."""
+    cli = autoln.SearchConfig()
+    return {
+        "readme": (300, None, True),
+        "api": (None, None, True),
+        "cli": (cli.steps, cli, True),
+        "cli-lr": (cli.steps, replace(cli, lr=1e-3), True),
+        "cli-argmax": (cli.steps, replace(cli, selection="argmax"), True),
+        "cli-noinit": (cli.steps, cli, False),
+    }[variant]
+
+
+def read_table(path: Path) -> dict[tuple[str, int], dict]:
+    if not path.exists():
+        return {}
+    with open(path, newline="", encoding="utf-8") as f:
+        return {(r["variant"], int(r["seed"])): r for r in csv.DictReader(f) if r.get("setup") == SETUP}
+
+
+def append_row(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            w.writeheader()
+        w.writerow(row)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def trained(cfg: GPTConfig, data, recipe: Recipe, seed: int, genotype=None, init: bool = True) -> tuple[float, float]:
+    """Build (seed ``seed``), derive when a genotype is given, train; ``(val loss, seconds)``."""
+    train_data, val_data = data
+    torch.manual_seed(seed)
+    model = GPT(cfg)
+    if genotype is not None:
+        autoln.derive(model, genotype, deepnorm_weights=model.deepnorm_weights, init=init)
+    t0 = time.perf_counter()
+    train(model, train_data, cfg.block_size, recipe, seed)
+    return val_loss(model, val_data, cfg.block_size), time.perf_counter() - t0
+
+
+def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe) -> dict:
+    steps, cfg, init = search_settings(variant)
+    base = dict(SIZE, vocab_size=vocab)
+    train_data = data[0]
+    half = len(train_data) // 2
+    torch.manual_seed(seed)
+    supernet = GPT(GPTConfig(**base, norm_candidates=CANDIDATES))
+    t0 = time.perf_counter()
+    kwargs = {} if steps is None else {"steps": steps}
+    outcome = autoln.search(supernet, batches(train_data[:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
+                            arch_batches=batches(train_data[half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
+                            cfg=cfg, seed=seed, progress=False, **kwargs)
+    search_s = time.perf_counter() - t0
+    val, train_s = trained(GPTConfig(**base, norm_candidates=CANDIDATES), data, recipe, seed, outcome.genotype, init)
+    return {"variant": variant, "seed": seed, "genotype": outcome.genotype.describe(), "val": f"{val:.6f}",
+            "search_steps": outcome.genotype.provenance.get("steps"), "search_s": f"{search_s:.1f}",
+            "train_s": f"{train_s:.1f}", "setup": SETUP}
+
+
+def run_baseline(placement: str, seed: int, data, vocab: int, recipe: Recipe) -> dict:
+    val, train_s = trained(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=(placement,)), data, recipe, seed)
+    return {"variant": f"all-{placement}", "seed": seed, "genotype": placement, "val": f"{val:.6f}", "search_steps": 0,
+            "search_s": "0", "train_s": f"{train_s:.1f}", "setup": SETUP}
+
+
+def summary(rows: dict[tuple[str, int], dict]) -> str:
+    by: dict[str, list[float]] = {}
+    for (variant, _), r in sorted(rows.items()):
+        by.setdefault(variant, []).append(float(r["val"]))
+    lines = ["| variant | seeds | val (nats/char), mean ± std | per seed |", "|---|---|---|---|"]
+    for variant, vals in sorted(by.items(), key=lambda kv: statistics.mean(kv[1])):
+        sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+        lines.append(f"| {variant} | {len(vals)} | {statistics.mean(vals):.4f} ± {sd:.4f} | {' / '.join(f'{v:.4f}' for v in vals)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters) or a nanoGPT data folder")
+    p.add_argument("--variants", default="readme,api,cli")
+    p.add_argument("--baselines", default="pre,post,deepnorm")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--table", type=Path, default=TABLE)
+    args = p.parse_args(argv)
+    train_data, val_data, vocab = load_data(args.data)
+    data, recipe = (train_data, val_data), Recipe()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    done = read_table(args.table)
+    jobs = [("baseline", b, s) for b in args.baselines.split(",") if b for s in seeds]
+    jobs += [("variant", v, s) for v in args.variants.split(",") if v for s in seeds]
+    for kind, name, seed in jobs:
+        key = (f"all-{name}" if kind == "baseline" else name, seed)
+        if key in done:
+            continue
+        row = run_baseline(name, seed, data, vocab, recipe) if kind == "baseline" else run_variant(name, seed, data, vocab, recipe)
+        append_row(args.table, row)
+        done[key] = row
+        print(f"[own model] {key[0]} seed {seed}: {row['genotype']}  val {row['val']}", file=sys.stderr, flush=True)
+    print(summary({k: v for k, v in done.items() if k[1] in seeds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
