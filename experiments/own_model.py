@@ -14,17 +14,18 @@ Variants (the suspects of the issue, each measured, none assumed):
 
 - ``readme``: ``autoln.search(model, train, steps=300, arch_batches=alpha)`` as the README
   wrote it before (the API's default schedule then: warm-ups 30 and 60);
-- ``api``: ``autoln.search`` without ``steps`` or ``cfg``: the API's default now;
 - ``cli``: ``search.py``'s default schedule (500 steps, warm-ups 50 and 100);
 - ``cli-lr``: the same with the model's own learning rate (1e-3) instead of the search's 2e-3;
 - ``cli-argmax``: the same read off by argmax instead of the perturbation selection;
 - ``cli-noinit``: ``cli``'s answer derived without DeepNorm's init gain on top of nanoGPT's
   already scaled projections (``derive(..., init=False)``).
 
-Every finished run is a row of ``experiments/own_model.csv`` (reused, never re-run)::
+``input.txt`` is tiny Shakespeare (Karpathy's char-rnn data, the file nanoGPT's
+``data/shakespeare_char/prepare.py`` downloads: 1,115,394 characters). Every finished run is a
+row of ``experiments/own_model.csv`` (reused, never re-run)::
 
-    OMP_NUM_THREADS=1 python experiments/own_model.py --data ../shared/data/tinyshakespeare/input.txt \
-        --variants readme,api,cli,cli-lr,cli-argmax,cli-noinit --baselines pre,post,deepnorm --seeds 0,1,2
+    OMP_NUM_THREADS=1 python experiments/own_model.py --data input.txt \
+        --variants readme,cli,cli-lr,cli-argmax,cli-noinit --baselines pre,post,deepnorm --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -54,12 +55,14 @@ SIZE = dict(n_layer=4, n_embd=64, n_head=4, block_size=64)
 SETUP = "shakespeare-char L4 d64 T64 B32 500 steps"
 
 
-def search_settings(variant: str) -> tuple[int | None, autoln.SearchConfig | None, bool]:
-    """``(steps, cfg, deepnorm init)`` of a variant (see the module's docstring)."""
+def search_settings(variant: str) -> tuple[int, autoln.SearchConfig | None, bool]:
+    """``(steps, cfg, deepnorm init)`` of a variant (see the module's docstring).
+
+    Raises:
+        KeyError: an unknown variant."""
     cli = autoln.SearchConfig()
     return {
         "readme": (300, None, True),
-        "api": (None, None, True),
         "cli": (cli.steps, cli, True),
         "cli-lr": (cli.steps, replace(cli, lr=1e-3), True),
         "cli-argmax": (cli.steps, replace(cli, selection="argmax"), True),
@@ -68,6 +71,7 @@ def search_settings(variant: str) -> tuple[int | None, autoln.SearchConfig | Non
 
 
 def read_table(path: Path) -> dict[tuple[str, int], dict]:
+    """The finished runs of this set-up in the CSV ``path``, by ``(variant, seed)`` (none when absent)."""
     if not path.exists():
         return {}
     with open(path, newline="", encoding="utf-8") as f:
@@ -75,6 +79,7 @@ def read_table(path: Path) -> dict[tuple[str, int], dict]:
 
 
 def append_row(path: Path, row: dict) -> None:
+    """Append one finished run (``FIELDS``) to the CSV ``path``, header first if new, synced to disk."""
     new = not path.exists()
     with open(path, "a", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -98,6 +103,9 @@ def trained(cfg: GPTConfig, data, recipe: Recipe, seed: int, genotype=None, init
 
 
 def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe) -> dict:
+    """Search with ``variant``'s settings (search seed ``seed``; D_w and D_alpha the two halves of
+    the training split, DARTS' split), derive a fresh model and train it; the table row
+    (``val`` in nats per character, times in seconds)."""
     steps, cfg, init = search_settings(variant)
     base = dict(SIZE, vocab_size=vocab)
     train_data = data[0]
@@ -105,10 +113,9 @@ def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe) -> di
     torch.manual_seed(seed)
     supernet = GPT(GPTConfig(**base, norm_candidates=CANDIDATES))
     t0 = time.perf_counter()
-    kwargs = {} if steps is None else {"steps": steps}
     outcome = autoln.search(supernet, batches(train_data[:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
                             arch_batches=batches(train_data[half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
-                            cfg=cfg, seed=seed, progress=False, **kwargs)
+                            steps=steps, cfg=cfg, seed=seed, progress=False)
     search_s = time.perf_counter() - t0
     val, train_s = trained(GPTConfig(**base, norm_candidates=CANDIDATES), data, recipe, seed, outcome.genotype, init)
     return {"variant": variant, "seed": seed, "genotype": outcome.genotype.describe(), "val": f"{val:.6f}",
@@ -117,12 +124,14 @@ def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe) -> di
 
 
 def run_baseline(placement: str, seed: int, data, vocab: int, recipe: Recipe) -> dict:
+    """The model with ``placement`` at every site, trained with the recipe at ``seed``; the table row."""
     val, train_s = trained(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=(placement,)), data, recipe, seed)
     return {"variant": f"all-{placement}", "seed": seed, "genotype": placement, "val": f"{val:.6f}", "search_steps": 0,
             "search_s": "0", "train_s": f"{train_s:.1f}", "setup": SETUP}
 
 
 def summary(rows: dict[tuple[str, int], dict]) -> str:
+    """A Markdown table of the rows' validation loss per variant (mean ± std over seeds, best first)."""
     by: dict[str, list[float]] = {}
     for (variant, _), r in sorted(rows.items()):
         by.setdefault(variant, []).append(float(r["val"]))
@@ -136,12 +145,19 @@ def summary(rows: dict[tuple[str, int], dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters) or a nanoGPT data folder")
-    p.add_argument("--variants", default="readme,api,cli")
+    p.add_argument("--variants", default="readme,cli")
     p.add_argument("--baselines", default="pre,post,deepnorm")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--table", type=Path, default=TABLE)
     args = p.parse_args(argv)
-    train_data, val_data, vocab = load_data(args.data)
+    known = ("readme", "cli", "cli-lr", "cli-argmax", "cli-noinit")
+    unknown = [v for v in args.variants.split(",") if v and v not in known]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; expected some of {', '.join(known)}")
+    try:
+        train_data, val_data, vocab = load_data(args.data)
+    except ValueError as exc:
+        p.error(f"--data {exc}")
     data, recipe = (train_data, val_data), Recipe()
     seeds = [int(s) for s in args.seeds.split(",")]
     done = read_table(args.table)
