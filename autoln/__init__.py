@@ -1,19 +1,20 @@
 """autoln: differentiable search for where a Transformer's layer norms should go.
 
-Modules, in dependency order: :mod:`errors`, :mod:`placements` (the search space),
+Modules, in dependency order: :mod:`errors`, :mod:`placements`, :mod:`branches` (the search space),
 :mod:`config`, :mod:`io`, :mod:`data`, :mod:`model`, :mod:`supernet`, :mod:`genotype`,
 :mod:`training`, :mod:`architect` (the bilevel step), :mod:`selection`, :mod:`api` (your own
 model), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
 
 The public API for a model of your own (README, *Your own model*), imported on first use:
 ``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
-``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``.
+``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``,
+``autoln.deepnorm_weights``.
 """
 
 __version__ = "0.1.0"
 
 _PUBLIC = {"Site": "model", "SearchModel": "api", "search": "api", "derive": "api", "SiteGenotype": "api",
-           "load_derived": "api", "SearchOutcome": "api", "SearchConfig": "config"}
+           "load_derived": "api", "SearchOutcome": "api", "SearchConfig": "config", "deepnorm_weights": "branches"}
 __all__ = sorted(_PUBLIC)
 
 

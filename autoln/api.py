@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .branches import deepnorm_weights as find_deepnorm_weights
 from .config import SearchConfig
 from .errors import GenotypeError, OutputError, cut, quoted
 from .mixing import MIXINGS
@@ -654,12 +655,15 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     With ``init`` (a fresh model, to be retrained from scratch) every site that chose DeepNorm
     gets DeepNorm's init gain ``b = (8N)^(-1/4)`` (Wang et al. 2022) on the branch weights
     ``deepnorm_weights(site_name)`` returns: the value and output projections of attention,
-    both FFN layers. Use ``init=False`` on a trained model.
+    both FFN layers. By default they are found in the site's sibling branch
+    (:func:`autoln.branches.deepnorm_weights`: ``attn_site`` wraps ``attn``; nanoGPT's value
+    third of ``c_attn``, ``c_proj``, ``c_fc``). Use ``init=False`` on a trained model.
 
     Raises:
         GenotypeError: a site of the genotype that the model lacks, a searched site of the model
             that the genotype lacks, or a placement the site does not offer.
-        ValueError: ``init`` with DeepNorm sites and no ``deepnorm_weights``.
+        ValueError: ``init`` with DeepNorm sites whose branch weights cannot be found (pass
+            ``deepnorm_weights``); checked before any site is changed.
     """
     if isinstance(model, SearchModel):
         model = model.model
@@ -671,19 +675,19 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     if unset:
         raise GenotypeError(f"the model's searched sites {unset} have no placement in the genotype")
     deep = [n for n, p in genotype.sites.items() if parse_name(p)[0] == "deepnorm"]
-    if init and deep and deepnorm_weights is None:
-        raise ValueError(f"sites {deep} chose DeepNorm, whose derived model starts its branch weights at gain b: name them, "
-                         "derive(model, genotype, deepnorm_weights=lambda site: [...value, output and FFN weights...]), "
-                         "or pass init=False for a trained model")
+    if deepnorm_weights is None:
+        def deepnorm_weights(name: str) -> list[torch.Tensor]:
+            return find_deepnorm_weights(model, name)
+    scaled = {name: list(deepnorm_weights(name)) for name in deep} if init else {}
     for name, placement in genotype.sites.items():
         site = sites[name]
         if placement not in site.placements:
             raise GenotypeError(f"site {name!r} offers {list(site.placements)}, not the genotype's {placement!r}")
         site.placements = nn.ModuleDict({placement: site.placements[placement]})
         site.mix = None
-        if init and name in deep:
+        if name in scaled:
             with torch.no_grad():
-                for weight in deepnorm_weights(name):
+                for weight in scaled[name]:
                     weight.mul_(site.placements[placement].beta)
     return model
 

@@ -131,6 +131,26 @@ class FFN(nn.Module):
         return self.drop(self.fc2(F.gelu(self.fc1(x))))
 
 
+def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, layer: int) -> None:
+    """Refuse :class:`Site` arguments that would fail later without naming themselves (e.g.
+    ``layer=0`` from ``enumerate`` with ``lns``: ``0.0 cannot be raised to a negative power``).
+
+    Raises:
+        ValueError: one line naming the argument and what was expected."""
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(candidates, str) or not len(candidates):
+        raise ValueError(f"autoln.Site: candidates: expected a list of placement names such as ['pre', 'post', 'deepnorm'], "
+                         f"got {candidates!r}")
+    for name, v in (("d_model", d_model), ("n_layers", n_layers)):
+        if not whole(v) or v < 1:
+            raise ValueError(f"autoln.Site: {name}: expected a positive integer, got {v!r}")
+    if not whole(layer) or not 1 <= layer <= n_layers:
+        hint = " (block i of enumerate is layer=i + 1)" if layer == 0 else ""
+        raise ValueError(f"autoln.Site: layer: expected the 1-based block index, 1..n_layers={n_layers}, got {layer!r}{hint}")
+
+
 class Site(nn.Module):
     """One sublayer site: a branch wrapped by one or several candidate placements (docs/design.md §3).
 
@@ -161,15 +181,23 @@ class Site(nn.Module):
         d_model, n_layers, norm: passed to each placement (``n_layers``: the model's number of
             blocks ``N``, for DeepNorm's constants; ``norm``: a key of
             :data:`autoln.placements.NORMS`).
-        layer: 1-based index of the block (LayerNorm Scaling's ``l``).
+        layer: 1-based index of the block, ``1..n_layers`` (LayerNorm Scaling's ``l``): block
+            ``i`` of ``enumerate`` is ``layer=i + 1``.
+        bias: the norms carry a learnable bias (True, as ``nn.LayerNorm``) or none (False, as
+            nanoGPT's ``LayerNorm(..., bias=config.bias)`` with ``bias=False``); pass the
+            model's own choice so that ``("pre",)`` is its unchanged block.
 
     Raises:
+        ValueError: one line naming the argument: no candidates, ``d_model`` or ``n_layers``
+            not a positive integer, ``layer`` outside ``1..n_layers`` (it is 1-based).
         KeyError: an unknown candidate name (:func:`autoln.placements.build_placement`).
     """
 
-    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str = "layernorm", layer: int = 1) -> None:
+    def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str = "layernorm", layer: int = 1,
+                 bias: bool = True) -> None:
         super().__init__()
-        self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer) for n in candidates})
+        check_site_args(candidates, d_model, n_layers, layer)
+        self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer, bias) for n in candidates})
         #: The mixing weights ``(K,)`` of the current forward pass when the site is searched inside
         #: :class:`autoln.api.SearchModel` (which sets and clears it); None otherwise.
         self.mix: Optional[torch.Tensor] = None

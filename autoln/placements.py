@@ -33,23 +33,26 @@ class DyT(nn.Module):
     a learnable scalar initialised to ``init_c`` (the paper's 0.5 for non-LLM models), ``g``
     and ``b`` elementwise (ones and zeros), or absent with ``affine=False``. ``(..., d)`` in and out."""
 
-    def __init__(self, d: int, affine: bool = True, init_c: float = 0.5) -> None:
+    def __init__(self, d: int, affine: bool = True, init_c: float = 0.5, bias: bool = True) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(init_c)))
         self.weight = nn.Parameter(torch.ones(d)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(d)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(d)) if affine and bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.tanh(self.alpha * x)
-        return y if self.weight is None else torch.addcmul(self.bias, y, self.weight)
+        if self.weight is None:
+            return y
+        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
-#: Norm types by config name (``model.norm``): ``NORMS[name](d_model, affine=True)``. With
-#: ``affine=False`` the elementwise gain and bias are fixed at 1 and 0 (absent).
+#: Norm types by config name (``model.norm``): ``NORMS[name](d_model, affine=True, bias=True)``.
+#: With ``affine=False`` the elementwise gain and bias are fixed at 1 and 0 (absent); with
+#: ``bias=False`` the gain is learnable and there is no bias (RMSNorm never has one).
 NORMS: dict[str, Callable[..., nn.Module]] = {
-    "layernorm": lambda d, affine=True: nn.LayerNorm(d, elementwise_affine=affine),
-    "rmsnorm": lambda d, affine=True: nn.RMSNorm(d, elementwise_affine=affine),
-    "dyt": lambda d, affine=True: DyT(d, affine),
+    "layernorm": lambda d, affine=True, bias=True: nn.LayerNorm(d, elementwise_affine=affine, bias=bias),
+    "rmsnorm": lambda d, affine=True, bias=True: nn.RMSNorm(d, elementwise_affine=affine),
+    "dyt": lambda d, affine=True, bias=True: DyT(d, affine, bias=bias),
 }
 
 
@@ -76,6 +79,8 @@ def scaled_norm(norm: nn.Module, z: torch.Tensor, scale: torch.Tensor) -> torch.
         y = torch.tanh(norm.alpha * z)
         if norm.weight is None:
             return scale * y
+        if norm.bias is None:
+            return y * (norm.weight * scale)
         return torch.addcmul(norm.bias * scale, y, norm.weight * scale)
     raise TypeError(f"scaled_norm: unsupported norm {type(norm).__name__}")
 
@@ -168,6 +173,8 @@ class Placement(nn.Module, abc.ABC):
         norm: key of :data:`NORMS`.
         layer: ``l``, the 1-based index of the block (LayerNorm Scaling uses it).
         affine: the norms' elementwise gain and bias are learnable (True) or fixed at 1 and 0.
+        bias: with ``affine``, the norms carry a learnable bias (True, ``nn.LayerNorm``'s
+            default) or none (False: nanoGPT's ``bias=False``, LLaMA-style stacks).
 
     Subclasses set ``name``, ``input`` and ``has_norm`` and implement :meth:`output` (and
     :meth:`branch_input` unless ``input == "raw"``). ``input`` says what ``F`` is fed:
@@ -182,9 +189,10 @@ class Placement(nn.Module, abc.ABC):
     has_norm: ClassVar[bool] = True
     ends_in_norm: ClassVar[bool] = False
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
         super().__init__()
-        self.d_model, self.n_layers, self.layer, self.affine = d_model, n_layers, layer, affine
+        self.d_model, self.n_layers, self.layer, self.affine, self.norm_bias = d_model, n_layers, layer, affine, bias
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         """What ``F`` is fed, ``(B, T, d_model)``; the residual stream itself by default."""
@@ -222,9 +230,10 @@ class PreLN(Placement):
     name = "pre"
     input = "norm"
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
@@ -239,9 +248,10 @@ class PostLN(Placement):
     name = "post"
     ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
         return self.norm(x + fx)
@@ -260,9 +270,10 @@ class DeepNorm(Placement):
     name = "deepnorm"
     ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
         self.alpha, self.beta = deepnorm_constants(n_layers)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
@@ -293,10 +304,11 @@ class PeriLN(Placement):
     input = "norm"
     ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
-        self.norm_out = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
+        self.norm_out = NORMS[norm](d_model, affine, bias)
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
@@ -315,9 +327,10 @@ class OutNorm(Placement):
     name = "outnorm"
     ends_in_norm = True
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
 
     def output(self, x: torch.Tensor, fx: torch.Tensor) -> torch.Tensor:
         return x + self.norm(fx)
@@ -334,9 +347,10 @@ class LayerNormScaling(Placement):
     name = "lns"
     input = "own"
 
-    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True) -> None:
-        super().__init__(d_model, n_layers, norm, layer, affine)
-        self.norm = NORMS[norm](d_model, affine)
+    def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__(d_model, n_layers, norm, layer, affine, bias)
+        self.norm = NORMS[norm](d_model, affine, bias)
         self.scale = layer ** -0.5
 
     def branch_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -379,16 +393,16 @@ def placement_names() -> list[str]:
     return [*PLACEMENTS, *(n + FIXED for n, cls in PLACEMENTS.items() if cls.has_norm)]
 
 
-def build_placement(name: str, d_model: int, n_layers: int, norm: str, layer: int = 1) -> Placement:
+def build_placement(name: str, d_model: int, n_layers: int, norm: str, layer: int = 1, bias: bool = True) -> Placement:
     """Factory: the placement registered as ``name`` (with ``:fixed``: fixed norm gains) at
-    1-based block ``layer``.
+    1-based block ``layer``; ``bias``: its norms' learnable bias (see :class:`Placement`).
 
     Raises:
         KeyError: ``name`` is not a valid candidate name (configs and genotypes are validated
             before they get here, so users see a named error instead).
     """
     base, affine = parse_name(name)
-    return PLACEMENTS[base](d_model, n_layers, norm, layer, affine)
+    return PLACEMENTS[base](d_model, n_layers, norm, layer, affine, bias)
 
 
 def branch_calls(names: Sequence[str]) -> int:

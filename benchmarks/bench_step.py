@@ -16,7 +16,7 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | ``naive_weight`` | the weight step of a supernet that calls each branch once per candidate |
 | ``naive_order1`` | a first-order iteration of that naive supernet |
 | ``wide_weight`` | the weight step of the supernet over all seven placements (:data:`WIDE`: three branch inputs per site) |
-| ``example_derived`` | a training step of ``examples/gpt.py`` (a nanoGPT-style model autoln did not write), Pre-LN |
+| ``example_derived`` | a training step of ``examples/gpt.py`` (nanoGPT's model.py with the README's diff, bias-free), Pre-LN |
 | ``example_weight`` | the weight step of that model searched through the public API (``autoln.SearchModel``, ``model.candidates`` at every site) |
 
 The two ``example_`` variants measure the public API's cost on a user's model: their ratio
@@ -166,7 +166,7 @@ def example_runner(cfg: Config, vocab_size: int, batches: list, device: torch.de
     spec.loader.exec_module(gpt)
     mc, sc = cfg.model, cfg.search
     torch.manual_seed(sc.seed)
-    conf = gpt.GPTConfig(block_size=mc.context, vocab_size=vocab_size, n_layer=mc.n_layers, n_head=mc.n_heads, n_embd=mc.d_model,
+    conf = gpt.GPTConfig(block_size=mc.context, vocab_size=vocab_size, n_layer=mc.n_layers, n_head=mc.n_heads, n_embd=mc.d_model, bias=False,
                          norm_candidates=tuple(mc.candidates) if searched else (mc.candidates[0],))
     model = gpt.GPT(conf).to(device)
     if not searched:

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         model = GPT(GPTConfig(**base, norm_candidates=CANDIDATES if derive else ("pre",)))
         if derive:
-            autoln.derive(model, genotype, deepnorm_weights=model.deepnorm_weights)
+            autoln.derive(model, genotype)
         train(model, train_data, model.config, args.retrain_steps, args.batch_size, args.lr, seed=3)
         results[name] = valid_loss(model, val_data, args.block_size)
         if derive:

@@ -1,7 +1,8 @@
 """Your own model, tried for real: does the API's answer hold against a nanoGPT model's own Pre-LN?
 
-The model is ``examples/gpt.py`` (nanoGPT's init: N(0, 0.02), branch output projections at
-0.02/sqrt(2N), no biases), the data tiny Shakespeare as characters (nanoGPT's
+The model is ``examples/gpt.py`` (nanoGPT's ``model.py`` with the README's diff: its init
+N(0, 0.02), branch output projections at 0.02/sqrt(2N); ``bias=False`` as nanoGPT's
+``shakespeare_char`` config), the data tiny Shakespeare as characters (nanoGPT's
 ``shakespeare_char`` preparation), the training nanoGPT's loop and recipe
 (``examples/nanogpt_recipe.py``: AdamW lr 1e-3, 100 warm-up steps, cosine to 1e-4, clip 1.0),
 4 layers of width 64, block 64, batch 32, 500 steps. Each variant searches with
@@ -13,12 +14,16 @@ every non-overlapping window of the split.
 Variants (the suspects of the issue, each measured, none assumed):
 
 - ``readme``: ``autoln.search(model, train, steps=300, arch_batches=alpha)`` as the README
-  wrote it before (the API's default schedule then: warm-ups 30 and 60);
+  wrote it before (the API's default schedule then, written out: warm-ups 30 and 60);
 - ``cli``: ``search.py``'s default schedule (500 steps, warm-ups 50 and 100);
 - ``cli-lr``: the same with the model's own learning rate (1e-3) instead of the search's 2e-3;
-- ``cli-argmax``: the same read off by argmax instead of the perturbation selection;
+- ``cli-argmax``: ``cli``'s supernet read off by argmax of its final probabilities instead of
+  the perturbation selection (the same search: the read-off comes after it);
 - ``cli-noinit``: ``cli``'s answer derived without DeepNorm's init gain on top of nanoGPT's
   already scaled projections (``derive(..., init=False)``).
+
+Each search's answer is kept as ``experiments/own_model/<search>_seed<s>.json`` (a site
+genotype with its probabilities), so the derived variants and a rerun reuse it.
 
 ``input.txt`` is tiny Shakespeare (Karpathy's char-rnn data, the file nanoGPT's
 ``data/shakespeare_char/prepare.py`` downloads: 1,115,394 characters). Every finished run is a
@@ -51,23 +56,25 @@ import autoln  # noqa: E402
 TABLE = ROOT / "experiments" / "own_model.csv"
 FIELDS = ["variant", "seed", "genotype", "val", "search_steps", "search_s", "train_s", "setup"]
 CANDIDATES = ("pre", "post", "deepnorm")
-SIZE = dict(n_layer=4, n_embd=64, n_head=4, block_size=64)
-SETUP = "shakespeare-char L4 d64 T64 B32 500 steps"
+SIZE = dict(n_layer=4, n_embd=64, n_head=4, block_size=64, bias=False)
+SETUP = "nanogpt-3adf61e1+diff bias=False shakespeare-char L4 d64 T64 B32 500 steps"
+ANSWERS = ROOT / "experiments" / "own_model"
+#: variant -> (the search it reads, how: "selection" | "argmax" | "noinit")
+READS = {"readme": ("readme", "selection"), "cli": ("cli", "selection"), "cli-lr": ("cli-lr", "selection"),
+         "cli-argmax": ("cli", "argmax"), "cli-noinit": ("cli", "noinit")}
 
 
-def search_settings(variant: str) -> tuple[int, autoln.SearchConfig | None, bool]:
-    """``(steps, cfg, deepnorm init)`` of a variant (see the module's docstring).
+def search_settings(search: str) -> autoln.SearchConfig:
+    """The search settings of ``search`` (``readme``, ``cli``, ``cli-lr``; see the module's docstring).
 
     Raises:
-        KeyError: an unknown variant."""
+        KeyError: an unknown search."""
     cli = autoln.SearchConfig()
     return {
-        "readme": (300, None, True),
-        "cli": (cli.steps, cli, True),
-        "cli-lr": (cli.steps, replace(cli, lr=1e-3), True),
-        "cli-argmax": (cli.steps, replace(cli, selection="argmax"), True),
-        "cli-noinit": (cli.steps, cli, False),
-    }[variant]
+        "readme": autoln.SearchConfig(steps=300, warmup_steps=30, arch_warmup_steps=60),
+        "cli": cli,
+        "cli-lr": replace(cli, lr=1e-3),
+    }[search]
 
 
 def read_table(path: Path) -> dict[tuple[str, int], dict]:
@@ -96,30 +103,50 @@ def trained(cfg: GPTConfig, data, recipe: Recipe, seed: int, genotype=None, init
     torch.manual_seed(seed)
     model = GPT(cfg)
     if genotype is not None:
-        autoln.derive(model, genotype, deepnorm_weights=model.deepnorm_weights, init=init)
+        autoln.derive(model, genotype, init=init)
     t0 = time.perf_counter()
     train(model, train_data, cfg.block_size, recipe, seed)
     return val_loss(model, val_data, cfg.block_size), time.perf_counter() - t0
 
 
-def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe) -> dict:
-    """Search with ``variant``'s settings (search seed ``seed``; D_w and D_alpha the two halves of
-    the training split, DARTS' split), derive a fresh model and train it; the table row
-    (``val`` in nats per character, times in seconds)."""
-    steps, cfg, init = search_settings(variant)
-    base = dict(SIZE, vocab_size=vocab)
+def searched(search: str, seed: int, data, vocab: int, recipe: Recipe, answers: Path) -> autoln.SiteGenotype:
+    """The answer of ``search`` at search seed ``seed`` (D_w and D_alpha the two halves of the
+    training split, DARTS' split): read from ``answers`` when kept, else searched and kept there
+    (its provenance's ``wall_time_s`` is the search's seconds)."""
+    path = answers / f"{search}_seed{seed}.json"
+    if path.exists():
+        return autoln.SiteGenotype.load(path)
+    cfg = search_settings(search)
     train_data = data[0]
     half = len(train_data) // 2
     torch.manual_seed(seed)
-    supernet = GPT(GPTConfig(**base, norm_candidates=CANDIDATES))
-    t0 = time.perf_counter()
+    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=CANDIDATES))
     outcome = autoln.search(supernet, batches(train_data[:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
                             arch_batches=batches(train_data[half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
-                            steps=steps, cfg=cfg, seed=seed, progress=False)
-    search_s = time.perf_counter() - t0
-    val, train_s = trained(GPTConfig(**base, norm_candidates=CANDIDATES), data, recipe, seed, outcome.genotype, init)
-    return {"variant": variant, "seed": seed, "genotype": outcome.genotype.describe(), "val": f"{val:.6f}",
-            "search_steps": outcome.genotype.provenance.get("steps"), "search_s": f"{search_s:.1f}",
+                            steps=cfg.steps, cfg=cfg, seed=seed, progress=False)
+    answers.mkdir(parents=True, exist_ok=True)
+    outcome.genotype.save(path)
+    return outcome.genotype
+
+
+def argmax_of(genotype: autoln.SiteGenotype) -> autoln.SiteGenotype:
+    """The genotype read off ``genotype``'s final probabilities by argmax (DARTS' read-off)."""
+    sites = {n: genotype.candidates[max(range(len(p)), key=p.__getitem__)] for n, p in genotype.probabilities.items()}
+    return replace(genotype, sites=sites, provenance=dict(genotype.provenance, selection="argmax"))
+
+
+def run_variant(variant: str, seed: int, data, vocab: int, recipe: Recipe, answers: Path = ANSWERS) -> dict:
+    """The search ``variant`` reads (:data:`READS`; searched once, kept in ``answers``), read off
+    as the variant says, derived on a fresh model (seed ``seed``) and trained with the recipe;
+    the table row (``val`` in nats per character, times in seconds)."""
+    search, how = READS[variant]
+    genotype = searched(search, seed, data, vocab, recipe, answers)
+    if how == "argmax":
+        genotype = argmax_of(genotype)
+    val, train_s = trained(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=CANDIDATES), data, recipe, seed, genotype,
+                           init=how != "noinit")
+    return {"variant": variant, "seed": seed, "genotype": genotype.describe(), "val": f"{val:.6f}",
+            "search_steps": genotype.provenance.get("steps"), "search_s": f"{genotype.provenance.get('wall_time_s', 0):.1f}",
             "train_s": f"{train_s:.1f}", "setup": SETUP}
 
 
@@ -149,8 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--baselines", default="pre,post,deepnorm")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--table", type=Path, default=TABLE)
+    p.add_argument("--answers", type=Path, default=ANSWERS, help="folder of the searches' answers (kept, reused)")
     args = p.parse_args(argv)
-    known = ("readme", "cli", "cli-lr", "cli-argmax", "cli-noinit")
+    known = tuple(READS)
     unknown = [v for v in args.variants.split(",") if v and v not in known]
     if unknown:
         p.error(f"--variants: unknown {unknown}; expected some of {', '.join(known)}")
@@ -162,12 +190,12 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     done = read_table(args.table)
     jobs = [("baseline", b, s) for b in args.baselines.split(",") if b for s in seeds]
-    jobs += [("variant", v, s) for v in args.variants.split(",") if v for s in seeds]
+    jobs += [("variant", v, s) for s in seeds for v in args.variants.split(",") if v]  # a search's readers together
     for kind, name, seed in jobs:
         key = (f"all-{name}" if kind == "baseline" else name, seed)
         if key in done:
             continue
-        row = run_baseline(name, seed, data, vocab, recipe) if kind == "baseline" else run_variant(name, seed, data, vocab, recipe)
+        row = run_baseline(name, seed, data, vocab, recipe) if kind == "baseline" else run_variant(name, seed, data, vocab, recipe, args.answers)
         append_row(args.table, row)
         done[key] = row
         print(f"[own model] {key[0]} seed {seed}: {row['genotype']}  val {row['val']}", file=sys.stderr, flush=True)
