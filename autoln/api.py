@@ -272,11 +272,16 @@ class SiteGenotype:
 @dataclass
 class SearchOutcome:
     """What :func:`search` returns: the genotype, the trained :class:`SearchModel` (its sites
-    left one-hot at the answer by the selection) and per-step losses (nats per token)."""
+    left one-hot at the answer by the selection), per-step losses (nats per token) and
+    ``notes``: one line each on what weakens the answer, as ``search.py`` prints them: alphas
+    that could not separate in the steps given, then :func:`genotype_notes` (arbitrary choices,
+    ties of the loss rises and how they were broken, overruled probabilities, no clear winner).
+    With ``progress`` they are printed on stderr as the search ends."""
 
     genotype: SiteGenotype
     model: SearchModel
     losses: list[float]
+    notes: list[str] = field(default_factory=list)
 
 
 def as_pair(batch, what: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,10 +375,47 @@ def first_batches(batches: Iterable, windows: int, what: str, every: int = 1, of
     return out
 
 
-def default_config(steps: int) -> SearchConfig:
-    """The search settings of ``autoln.search`` without ``cfg``: the CPU default's, with the
-    warm-ups fitted to ``steps`` (a tenth for the weights' learning rate, a fifth for the alphas)."""
-    return SearchConfig(steps=steps, warmup_steps=min(50, steps // 10), arch_warmup_steps=min(100, steps // 5))
+def default_config(steps: Optional[int] = None) -> SearchConfig:
+    """The search settings of ``autoln.search`` without ``cfg``: ``search.py``'s default
+    (:class:`autoln.config.SearchConfig`: 500 steps, warm-ups of 50 steps for the weights'
+    learning rate and 100 for the alphas, perturbation-based selection). ``steps`` below the
+    default's scale the two warm-ups with them (a tenth and a fifth of ``steps``), so the
+    schedule keeps its shape; at or above 500 the warm-ups are the command's, as
+    ``--set search.steps=N`` leaves them.
+
+    Raises:
+        ValueError: ``steps`` not a positive integer."""
+    cli = SearchConfig()
+    if steps is None:
+        return cli
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
+    return replace(cli, steps=steps, warmup_steps=min(cli.warmup_steps, steps // 10),
+                   arch_warmup_steps=min(cli.arch_warmup_steps, steps // 5))
+
+
+def alpha_travel_warning(cfg: SearchConfig, n_candidates: int) -> Optional[str]:
+    """One line when the alphas cannot go far enough in ``cfg``'s steps, else None.
+
+    Adam moves each alpha by about ``arch_lr`` per alpha step at most, so after the
+    ``steps - arch_warmup_steps`` alpha steps two alphas of a site are at most
+    ``2 * arch_lr * (steps - arch_warmup_steps)`` apart (logits, nats). One of ``K`` candidates
+    reaches probability 0.9 at a gap of ``ln(9 (K - 1))`` (2.9 for ``K = 3``); below that the
+    read-off decides between near-uniform probabilities. ``search.py``'s default reaches 8.0.
+    ``arch_lr = 0`` (alphas frozen on purpose, DARTS-PT's uniform supernet) and
+    ``selection = "score"`` (whole genotypes scored, the alphas not read) give None. The line
+    has no prefix; :func:`search` prints it after ``autoln.search: warning:``."""
+    if cfg.arch_lr == 0 or n_candidates < 2 or cfg.selection == "score":
+        return None
+    alpha_steps = max(cfg.steps - cfg.arch_warmup_steps, 0)
+    reach, need = 2 * cfg.arch_lr * alpha_steps, math.log(9 * (n_candidates - 1))
+    if reach >= need:
+        return None
+    return (f"the alphas cannot separate in {cfg.steps} steps: {alpha_steps} alpha steps at "
+            f"arch_lr {cfg.arch_lr:g} move them at most {reach:.2f} apart, and one of {n_candidates} candidates needs "
+            f"{need:.2f} to reach probability 0.9; give more steps ({math.ceil(need / (2 * cfg.arch_lr))} alpha steps after "
+            f"the {cfg.arch_warmup_steps}-step warm-up at least; the command's default is {SearchConfig().steps} steps) "
+            f"or a larger arch_lr in cfg")
 
 
 #: The settings of :func:`search` that only say how fast it runs (:data:`autoln.config.PLACE_KEYS`
@@ -447,7 +489,7 @@ def check_folder(out: Path, resume: bool) -> None:
 GENOTYPE_FILE = "genotype.json"
 
 
-def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batches: Optional[Iterable] = None,
+def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = None, arch_batches: Optional[Iterable] = None,
            cfg: Optional[SearchConfig] = None, loss_fn: Optional[LossFn] = None, seed: int = 0,
            progress: bool = True, selection_batches: Optional[Iterable] = None, valid_batches: Optional[Iterable] = None,
            out: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False, tensorboard: bool = False,
@@ -470,11 +512,13 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
             (wrapped here as a :class:`SearchModel`, its alphas drawn after ``torch.manual_seed(seed)``),
             or a :class:`SearchModel` (used as it is); trained in place, on its own device.
         train_batches: ``(x, y)`` batches for the weights (re-iterated when used up).
-        steps: bilevel steps.
+        steps: bilevel steps; default ``cfg.steps``, and without ``cfg`` ``search.py``'s 500.
         arch_batches: ``(x, y)`` batches for the alphas (D_alpha); default: every other batch
             of ``train_batches`` (DARTS' half split).
         cfg: the search settings (:class:`autoln.config.SearchConfig`); default
-            :func:`default_config`.
+            :func:`default_config` (``search.py``'s schedule, its warm-ups scaled for fewer
+            steps). When the alphas cannot separate in the steps given
+            (:func:`alpha_travel_warning`) one line says so on stderr and in the outcome's notes.
         loss_fn: ``(model, x, y) -> (logits, loss)``; default :func:`nanogpt_loss`.
         seed: the seed of the alphas (a plain model), the selection order and the scoring.
         progress: a tqdm bar on a terminal.
@@ -518,7 +562,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
 
     from .errors import ConfigError
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"autoln.search: seed: expected an integer, got {seed!r}")
@@ -526,11 +570,11 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
         raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
                          f"signals), got {checkpoint_every!r}")
     try:
-        cfg = replace(cfg if cfg is not None else default_config(steps), steps=steps)
+        cfg = default_config(steps) if cfg is None else cfg if steps is None else replace(cfg, steps=steps)
         cfg.validate()
     except ConfigError as exc:  # the message names the key; the remedy in the API's terms
         raise ConfigError(f"autoln.search: cfg: {str(exc).split(' (e.g. --set')[0]}; in the API pass "
-                          f"autoln.SearchConfig(..., key=value), or start from autoln.api.default_config({steps}), "
+                          f"autoln.SearchConfig(..., key=value), or start from autoln.api.default_config({cfg.steps}), "
                           "whose warm-ups fit the steps") from None
     if out is None and (tensorboard or resume):
         raise ValueError("autoln.search: tensorboard and resume need a run folder: pass out=...")
@@ -545,6 +589,9 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
     if not isinstance(model, SearchModel):
         torch.manual_seed(seed)
         model = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)
+    travel = alpha_travel_warning(cfg, len(model.candidates))
+    if travel:
+        print(f"autoln.search: warning: {travel}", file=sys.stderr, flush=True)
     with ExitStack() as stack:
         signals = None
         if out is not None:
@@ -552,8 +599,11 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: int, arch_batche
             signals = stack.enter_context(StopSignals(out / "checkpoint.pt", resume_hint(out)))
             stack.enter_context(FolderLock(out, "autoln.search"))
             stack.enter_context(space_errors_kept(out, resume_hint(out)))
-        return _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
-                       out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals)
+        outcome = _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
+                          out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals)
+    if travel:
+        outcome.notes.insert(0, travel)
+    return outcome
 
 
 def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, selection_batches, valid_batches, seed: int,
@@ -621,7 +671,31 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     genotype = site_genotype(model, read_off, loop)
     if out is not None:
         genotype.save(out / GENOTYPE_FILE)
-    return SearchOutcome(genotype, model, list(loop.state["losses"]))
+    notes = genotype_notes(genotype, seed)
+    if progress:
+        for line in notes:
+            print(f"autoln.search: note: {line}", file=sys.stderr, flush=True)
+    return SearchOutcome(genotype, model, list(loop.state["losses"]), notes)
+
+
+def genotype_notes(genotype: SiteGenotype, seed: int = 0) -> list[str]:
+    """The notes ``search.py`` prints on a read-off's weak answers
+    (:func:`autoln.selection.site_notes`: arbitrary choices, ties of the loss rises and how they
+    were broken, rises or scores overruling the largest probability, no clear winner), for a
+    site genotype, one line each; the no-clear-winner line says how to check across seeds."""
+    from .selection import site_notes
+
+    names = list(genotype.sites)
+    rises = genotype.provenance.get("loss_rises")
+    notes = []
+    for kind, line in site_notes(names, genotype.candidates, [genotype.sites[n] for n in names],
+                                 np.array([genotype.probabilities[n] for n in names]),
+                                 [rises[n] for n in names] if rises else None, scored="search" in genotype.provenance):
+        if kind == "undecided":
+            line += (f"; check the answer's agreement across seeds: autoln.search(..., seed={seed + 1}) and "
+                     f"seed={seed + 2} on fresh models")
+        notes.append(line)
+    return notes
 
 
 def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:

@@ -274,7 +274,8 @@ def _print_sites(g, folder: Path) -> None:
     the probabilities, no candidate that helps; the first with the ``--seeds 3`` command of the same search)."""
     from .consensus import site_choices
     from .genotype import site_rows
-    from .run_search import genotype_markdown, undecided_sites
+    from .run_search import genotype_markdown
+    from .selection import site_notes
     from .supernet import site_names
 
     sites = site_names(g.model["n_layers"], g.granularity)
@@ -282,29 +283,20 @@ def _print_sites(g, folder: Path) -> None:
     rises = g.provenance["selection"].get("loss_rises")
     if rises is not None:
         print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
-        idle = []
         for site, row in zip(sites, site_rows(rises, g.granularity)):
             print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4g')}" for c, v in zip(g.candidates, row)))
-            if all(v is None or v <= 0 for v in row):
-                idle.append(site)
-        if idle:
-            print(f"note: at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary")
     top = g.provenance["selection"].get("top")
     if top:
         print(f"genotypes scored by the supernet ({g.provenance['selection']['search']}, {g.provenance['selection']['evaluated']} "
               "scored; loss in nats/token with the genotype imposed one-hot, the lowest wins):")
         for rank, entry in enumerate(top[:5]):
             print(f"  {rank + 1}. {entry['placements']}: {entry['loss']:.4f}")
-    chosen, probs = site_choices(g), g.site_probabilities()
-    overruled = [f"{site} ({name} over {g.candidates[int(row.argmax())]})" for site, name, row in zip(sites, chosen, probs)
-                 if g.candidates.index(name) != int(row.argmax())]
-    if overruled:
-        what = "the genotype scores" if top else "the loss rises"
-        print(f"note: {what} overruled the largest probability at {', '.join(overruled)}")
-    undecided = undecided_sites(probs, sites)
-    if undecided:
-        print(f"note: no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}; "
-              f"check the answer's agreement across seeds with: {script_line('search.py', '--seeds', '3', '--config', folder / 'config.yaml')}")
+    notes = site_notes(sites, g.candidates, site_choices(g), g.site_probabilities(),
+                       site_rows(rises, g.granularity) if rises is not None else None, scored=bool(top))
+    for kind, line in notes:
+        if kind == "undecided":
+            line += f"; check the answer's agreement across seeds with: {script_line('search.py', '--seeds', '3', '--config', folder / 'config.yaml')}"
+        print(f"note: {line}")
 
 
 def _seeds(cfg, args) -> None:

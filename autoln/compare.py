@@ -34,6 +34,7 @@ from .config import Config, with_defaults
 from .errors import ConfigError, GenotypeError
 from .genotype import BASELINES, Genotype, is_baseline
 from .locks import FolderLock
+from .ranking import mean_std, vs_best  # noqa: F401 (mean_std re-exported for the experiments)
 from .io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
 from .runs import METRICS_FILE, SAME_RUN_FREE, differences, read_metrics, run_config_differences  # noqa: F401 (re-exported)
 from .training import check_out_dir
@@ -279,15 +280,6 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
     return entries
 
 
-def mean_std(values: list[float]) -> str:
-    """``mean ± std`` (sample std) of ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
-
-
 def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
     """The table (CSV and Markdown), the curves PNG and the TensorBoard summary; returns the files."""
     from .data import HEADLINE
@@ -308,8 +300,7 @@ def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
     best = min(rows, key=lambda r: r["_valid_mean"])
     for r in rows:  # a difference within one standard deviation (the larger of the two) is a tie
         gap, sd = r["_valid_mean"] - best["_valid_mean"], max(r["_valid_std"], best["_valid_std"])
-        r["vs_best"] = ("best" if r is best else "-" if not math.isfinite(gap) else
-                        f"+{gap:.4f}" + (" (tie: within one std)" if seeds > 1 and gap <= sd else ""))
+        r["vs_best"] = vs_best(gap, sd, seeds, r is best)
     cols = [c for c in rows[0] if not c.startswith("_")]
     csv = ",".join(cols) + "\n" + "\n".join(",".join(_csv_cell(r[c]) for c in cols) for r in rows) + "\n"
     ranked = sorted(rows, key=lambda r: r["_valid_mean"])

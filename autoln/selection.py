@@ -30,8 +30,9 @@ Loss rises and scores are in nats per token; a positive rise means the candidate
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -198,3 +199,54 @@ def clear_winner(row: np.ndarray, lead: float = 0.15) -> bool:
     with K candidates an absolute level says nothing about the runner-up)."""
     top2 = np.sort(np.asarray(row, dtype=np.float64))[-2:]
     return bool(len(row) < 2 or top2[1] - top2[0] >= lead)
+
+
+#: Loss rises (nats/token) closer than this to the largest at a site are a tie: the fixed
+#: selection batches do not tell them apart, and perturbation-based selection takes the largest.
+TIE_RISE = 1e-3
+
+
+def site_notes(sites: Sequence[str], candidates: Sequence[str], chosen: Sequence[str], probs: np.ndarray,
+               rises: Optional[Sequence[Sequence[Optional[float]]]] = None, scored: bool = False) -> list[tuple[str, str]]:
+    """The notes on a read-off's weak answers, as ``(kind, line)``, the same for ``search.py``
+    and ``autoln.search``:
+
+    - ``idle``: sites where removing any candidate does not raise the loss (every rise <= 0):
+      the choice is arbitrary;
+    - ``tie``: sites where another candidate's rise is within :data:`TIE_RISE` of the chosen
+      one's: a tie on the selection batches, broken by the largest rise;
+    - ``overruled``: sites whose choice is not the largest probability (the loss rises, or with
+      ``scored`` the genotype scores, decided);
+    - ``undecided``: no clear winner (:func:`clear_winner`: the top probability leads the
+      runner-up by less than 0.15).
+
+    Args: ``sites`` names; ``candidates`` ``(K,)``; ``chosen`` the placement per site; ``probs``
+    ``(n_sites, K)``; ``rises`` per site ``K`` loss rises (nats/token, None for NaN) or None.
+    """
+    notes: list[tuple[str, str]] = []
+    if rises is not None:
+        idle, tied = [], []
+        for site, name, row in zip(sites, chosen, rises):
+            vals = {c: float(v) for c, v in zip(candidates, row) if v is not None and math.isfinite(float(v))}
+            if all(v <= 0 for v in vals.values()):
+                idle.append(site)
+                continue
+            top = vals.get(name, max(vals.values()))
+            close = [f"{c} {v:+.4g}" for c, v in vals.items() if c != name and top - v < TIE_RISE]
+            if close:
+                tied.append(f"{site} ({name} {top:+.4g} against {', '.join(close)})")
+        if idle:
+            notes.append(("idle", f"at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary"))
+        if tied:
+            notes.append(("tie", f"loss rises within {TIE_RISE:g} nats/token of the chosen one's at {', '.join(tied)}: "
+                                 "a tie on the selection batches, broken by the largest rise"))
+    probs = np.asarray(probs, dtype=np.float64)
+    overruled = [f"{site} ({name} over {candidates[int(row.argmax())]} {row.max():.3f})" for site, name, row in zip(sites, chosen, probs)
+                 if list(candidates).index(name) != int(row.argmax())]
+    if overruled:
+        what = "the genotype scores" if scored else "the loss rises"
+        notes.append(("overruled", f"{what} overruled the largest probability at {', '.join(overruled)}"))
+    undecided = [site for site, row in zip(sites, probs) if not clear_winner(row)]
+    if undecided:
+        notes.append(("undecided", f"no clear winner (top probability leads the runner-up by less than 0.15) at {', '.join(undecided)}"))
+    return notes

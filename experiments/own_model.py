@@ -20,7 +20,14 @@ Variants (the suspects of the issue, each measured, none assumed):
 - ``cli-argmax``: ``cli``'s supernet read off by argmax of its final probabilities instead of
   the perturbation selection (the same search: the read-off comes after it);
 - ``cli-noinit``: ``cli``'s answer derived without DeepNorm's init gain on top of nanoGPT's
-  already scaled projections (``derive(..., init=False)``).
+  already scaled projections (``derive(..., init=False)``);
+- ``spos-score`` and ``fair-score``: a supernet trained one path at a time (SPOS's uniformly
+  drawn path, or FairNAS's every candidate once per step), read off by the supernet's loss
+  with each whole genotype imposed one-hot (``search.selection: score``). Not a suspect of the
+  issue but the test of the reason found: nanoGPT's embeddings start at std 0.02, so in the
+  mixed supernet the normed candidates' outputs (post, deepnorm: RMS 1) outweigh ``pre``'s
+  (the stream, RMS 0.03) 35 to 1 at the first site and normalise the stream for every later
+  site, which no Pre-LN derived model sees; a one-path supernet keeps each path's own scale.
 
 Each search's answer is kept as ``experiments/own_model/<search>_seed<s>.json`` (a site
 genotype with its probabilities), so the derived variants and a rerun reuse it.
@@ -61,7 +68,8 @@ SETUP = "nanogpt-3adf61e1+diff bias=False shakespeare-char L4 d64 T64 B32 500 st
 ANSWERS = ROOT / "experiments" / "own_model"
 #: variant -> (the search it reads, how: "selection" | "argmax" | "noinit")
 READS = {"readme": ("readme", "selection"), "cli": ("cli", "selection"), "cli-lr": ("cli-lr", "selection"),
-         "cli-argmax": ("cli", "argmax"), "cli-noinit": ("cli", "noinit")}
+         "cli-argmax": ("cli", "argmax"), "cli-noinit": ("cli", "noinit"),
+         "spos-score": ("spos-score", "selection"), "fair-score": ("fair-score", "selection")}
 
 
 def search_settings(search: str) -> autoln.SearchConfig:
@@ -74,6 +82,8 @@ def search_settings(search: str) -> autoln.SearchConfig:
         "readme": autoln.SearchConfig(steps=300, warmup_steps=30, arch_warmup_steps=60),
         "cli": cli,
         "cli-lr": replace(cli, lr=1e-3),
+        "spos-score": replace(cli, weight_mode="spos", selection="score"),
+        "fair-score": replace(cli, weight_mode="fair", selection="score"),
     }[search]
 
 

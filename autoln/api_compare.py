@@ -1,0 +1,240 @@
+"""``autoln.compare``: what ``retrain.py --compare`` does for autoln's model, for a user's model.
+
+Each genotype's derived model (:func:`autoln.api.derive` on a fresh model, DeepNorm's init
+included) and each uniform baseline placement (``all-pre`` is nanoGPT's own Pre-LN model:
+with the one placement ``pre`` at every site the model is the unchanged one) is trained from
+scratch at the same seeds and the same budget, by the user's training function or a plain
+default loop, and scored by the user's evaluation (lower is better) or the mean loss on
+``valid_batches``. The result ranks them by mean over seeds, with ``mean ± std`` and the gap
+to the best; a gap within one standard deviation is a tie (:mod:`autoln.ranking`, the rule of
+``retrain.py --compare``).
+
+Per run, in this order: ``torch.manual_seed(seed)``, ``model = build()``, ``derive(model,
+genotype)``, ``train(model, seed)``, ``evaluate(model)``: the same numbers as doing those
+steps by hand (``tests/test_api_compare.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .api import SiteGenotype, as_pair, derive, searchable_sites
+from .config import RetrainConfig
+from .ranking import is_tie, mean_std, stats, vs_best
+
+
+@dataclass
+class CompareRow:
+    """One model of a :class:`Comparison`: its ``name`` (the genotype's key, or ``all-<p>``), its
+    placements in site order, and ``values`` per seed (the evaluation, lower is better; the
+    seeds of :attr:`Comparison.seeds`, in order)."""
+
+    name: str
+    placements: str
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        """Mean over seeds."""
+        return stats(self.values)[0]
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation over seeds (0 for one seed)."""
+        return stats(self.values)[1]
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` returns: ``rows`` ranked best (lowest mean) first, the ``seeds``,
+    and ``notes``: per genotype one line on how it stands against each baseline (beats, ties,
+    loses, with the gap)."""
+
+    rows: list[CompareRow]
+    seeds: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, name: str) -> CompareRow:
+        """The row called ``name``.
+
+        Raises:
+            KeyError: no such row (the message lists the names)."""
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r} in the comparison (rows: {[r.name for r in self.rows]})")
+
+    def table(self) -> str:
+        """A Markdown table: name, placements, mean ± std, per seed, vs best (a tie within one std)."""
+        best = self.rows[0]
+        lines = ["| model | placements | mean ± std | per seed | vs best |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            cell = vs_best(r.mean - best.mean, max(r.std, best.std), len(self.seeds), r is best)
+            lines.append(f"| {r.name} | {r.placements} | {mean_std(r.values)} | "
+                         f"{' / '.join(f'{v:.4f}' for v in r.values)} | {cell} |")
+        return "\n".join(lines)
+
+    def report(self) -> str:
+        """:meth:`table` and :attr:`notes`, one per line, as :func:`compare` prints them."""
+        return "\n".join([self.table(), *self.notes])
+
+
+Genotypes = Union[SiteGenotype, Mapping[str, SiteGenotype]]
+
+
+def verdict(row: CompareRow, other: CompareRow) -> str:
+    """``row`` against ``other`` in words: ``beats``, ``ties`` or ``loses to``, with the gap of
+    the means (one seed: no tie is called, the line says it is one seed)."""
+    gap = row.mean - other.mean
+    tie = is_tie(row.values, other.values)
+    word = "ties" if tie else "beats" if gap < 0 else "loses to"
+    within = " (within one std)" if tie else "" if len(row.values) > 1 else " (one seed: a look, not a result)"
+    return f"{row.name} {word} {other.name}: {row.mean:.4f} against {other.mean:.4f}, gap {gap:+.4f}{within}"
+
+
+def uniform(model: nn.Module, placement: str) -> SiteGenotype:
+    """The genotype with ``placement`` at every searchable site of ``model``.
+
+    Raises:
+        ValueError: a site that does not offer ``placement``, or no searchable site."""
+    sites = searchable_sites(model)
+    if not sites:
+        raise ValueError("autoln.compare: build() gives a model without an autoln.Site of two or more candidates "
+                         "(build the model with its candidates, e.g. GPTConfig(norm_candidates=('pre', 'post', 'deepnorm')))")
+    cands = list(sites[0][1].placements)
+    if placement not in cands:
+        raise ValueError(f"autoln.compare: baselines: {placement!r} is not among the sites' candidates {cands}")
+    k = cands.index(placement)
+    return SiteGenotype(cands, {n: placement for n, _ in sites},
+                        {n: [1.0 if i == k else 0.0 for i in range(len(cands))] for n, _ in sites})
+
+
+def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int], None]:
+    """A plain training loop: ``cfg.steps`` AdamW steps (decay on matrices, ``cfg``'s warm-up and
+    cosine schedule, clipping; :func:`autoln.training.weight_optimizer`) on the batches of
+    ``train_batches`` in order, re-iterated when used up, on the model's device.
+
+    Raises:
+        ValueError: ``train_batches`` that cannot be iterated again (a generator or iterator:
+            each model needs the same batches), or a batch that is no ``(x, y)`` pair."""
+    from .training import train_step, weight_optimizer
+
+    if train_batches is None or iter(train_batches) is train_batches:
+        raise ValueError("autoln.compare: train_batches: expected a list or a DataLoader of (x, y) batches, which every "
+                         "model can iterate from its start (a generator gives its batches once); or pass train=fn(model, seed)")
+
+    def train(model: nn.Module, seed: int) -> None:
+        device = next(model.parameters()).device
+        opt, sched = weight_optimizer(list(model.named_parameters()), cfg)
+        model.train()
+        step = 0
+        while step < cfg.steps:
+            drawn = False
+            for i, batch in enumerate(train_batches):
+                if step >= cfg.steps:
+                    break
+                x, y = as_pair(batch, "train_batches", i)
+                train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
+                step, drawn = step + 1, True
+            if not drawn:
+                raise ValueError("autoln.compare: train_batches gave no batch")
+    return train
+
+
+def default_evaluate(valid_batches) -> Callable[[nn.Module], float]:
+    """Mean loss (nats per token, weighted by tokens) over ``valid_batches``
+    (:func:`autoln.training.evaluate_batches`).
+
+    Raises:
+        ValueError: no ``valid_batches`` (pass them, or ``evaluate=fn(model) -> float``)."""
+    from .training import evaluate_batches
+
+    if valid_batches is None:
+        raise ValueError("autoln.compare: pass valid_batches (a list of (x, y) batches) or evaluate=fn(model) -> float")
+    batches = list(valid_batches)
+
+    def evaluate(model: nn.Module) -> float:
+        return float(evaluate_batches(model, batches, next(model.parameters()).device))
+    return evaluate
+
+
+def compare(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
+            seeds: Union[int, Sequence[int]] = 3, train: Optional[Callable[[nn.Module, int], Any]] = None,
+            evaluate: Optional[Callable[[nn.Module], float]] = None, train_batches: Optional[Iterable] = None,
+            valid_batches: Optional[Iterable] = None, cfg: Optional[RetrainConfig] = None,
+            progress: bool = True) -> Comparison:
+    """Train each genotype's derived model and each baseline at equal seeds and budget; rank them.
+
+    Args:
+        build: ``() -> nn.Module``, a fresh model with the searched sites (the candidates the
+            genotypes were searched over), e.g. ``lambda: GPT(GPTConfig(norm_candidates=C))``;
+            called once per run after ``torch.manual_seed(seed)``.
+        genotypes: one :class:`autoln.SiteGenotype` (named ``searched``) or ``{name: genotype}``.
+        baselines: placements put at every site (rows ``all-<placement>``); default every
+            candidate of the sites. ``all-pre`` is a Pre-LN model's own placement.
+        seeds: a count ``N`` (seeds ``0..N-1``) or the seeds.
+        train: ``fn(model, seed)`` that trains the model in place (your loop, your optimizer);
+            default :func:`default_train` on ``train_batches`` with ``cfg``.
+        evaluate: ``fn(model) -> float``, lower is better (a validation loss); default
+            :func:`default_evaluate` on ``valid_batches``.
+        cfg: the default loop's settings (:class:`autoln.config.RetrainConfig`: 1000 AdamW
+            steps at lr 2e-3 with 50 warm-up steps, cosine to a tenth, clip 1.0).
+        progress: a line per finished run on stderr, and the report on stdout at the end.
+
+    Returns:
+        :class:`Comparison`.
+
+    Raises:
+        ValueError: ``seeds`` not a positive count or a list of distinct integers; a baseline
+            that is not a candidate; no genotype and no baseline; what :func:`default_train`
+            and :func:`default_evaluate` raise.
+        autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`).
+    """
+    if isinstance(seeds, bool) or (isinstance(seeds, int) and seeds < 1):
+        raise ValueError(f"autoln.compare: seeds: expected a positive count or a list of seeds, got {seeds!r}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not seed_list or any(isinstance(s, bool) or not isinstance(s, int) for s in seed_list) or len(set(seed_list)) != len(seed_list):
+        raise ValueError(f"autoln.compare: seeds: expected distinct integers, got {seeds!r}")
+    named = {"searched": genotypes} if isinstance(genotypes, SiteGenotype) else dict(genotypes or {})
+    for name, g in named.items():
+        if not isinstance(g, SiteGenotype):
+            raise ValueError(f"autoln.compare: genotypes[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
+    torch.manual_seed(seed_list[0])
+    probe = build()
+    if baselines is None:
+        sites = searchable_sites(probe)
+        baselines = list(sites[0][1].placements) if sites else []
+    models = dict(named)
+    for p in baselines:
+        models[f"all-{p}"] = uniform(probe, p)
+    del probe
+    if not models:
+        raise ValueError("autoln.compare: nothing to compare: give genotypes or baselines")
+    train = train or default_train(train_batches, cfg or RetrainConfig())
+    evaluate = evaluate or default_evaluate(valid_batches)
+    values: dict[str, list[float]] = {name: [] for name in models}
+    total, done = len(models) * len(seed_list), 0
+    for seed in seed_list:
+        for name, genotype in models.items():
+            torch.manual_seed(seed)
+            model = derive(build(), genotype)
+            train(model, seed)
+            value = float(evaluate(model))
+            values[name].append(value)
+            done += 1
+            if progress:
+                print(f"autoln.compare: {name} seed {seed}: {value:.4f} ({done}/{total})", file=sys.stderr, flush=True)
+    rows = sorted((CompareRow(n, g.describe(), values[n]) for n, g in models.items()), key=lambda r: r.mean)
+    result = Comparison(rows, seed_list)
+    base_rows = [r for r in rows if r.name.startswith("all-") and r.name not in named]
+    for name in named:
+        for other in base_rows:
+            result.notes.append(verdict(result.row(name), other))
+    if progress:
+        print(result.report(), flush=True)
+    return result

@@ -1,0 +1,48 @@
+"""Means over seeds and the tie rule shared by ``retrain.py --compare`` and ``autoln.compare``.
+
+A difference of two means within one standard deviation over seeds (the larger of the two
+sample standard deviations) is a tie: with 3 seeds a smaller gap is not told apart from seed
+noise. Lower is better throughout (a loss, bits per byte).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+
+def mean_std(values: Sequence[float]) -> str:
+    """``mean ± std`` (sample std) of ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def stats(values: Sequence[float]) -> tuple[float, float]:
+    """``(mean, sample std)`` of ``values``: ``(inf, 0)`` for none, std 0 for one."""
+    if not values:
+        return float("inf"), 0.0
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def is_tie(a: Sequence[float], b: Sequence[float]) -> bool:
+    """True when the means of ``a`` and ``b`` (values per seed) differ by at most the larger of
+    their two standard deviations; never with fewer than two values on either side (one seed
+    tells no noise)."""
+    if len(a) < 2 or len(b) < 2:
+        return False
+    (ma, sa), (mb, sb) = stats(a), stats(b)
+    return abs(ma - mb) <= max(sa, sb)
+
+
+def vs_best(gap: float, sd: float, seeds: int, best: bool) -> str:
+    """The ``vs_best`` cell of a comparison row: ``best``, ``-`` (no finished run), or ``+gap``
+    with `` (tie: within one std)`` when ``gap <= sd`` over two or more seeds."""
+    if best:
+        return "best"
+    if not math.isfinite(gap):
+        return "-"
+    return f"+{gap:.4f}" + (" (tie: within one std)" if seeds > 1 and gap <= sd else "")
