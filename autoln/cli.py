@@ -38,10 +38,50 @@ EXIT_WORKER_DIED = 5
 
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line ``error: ...`` (exit 2), like every
-    other bad input, instead of the usage block; ``--help`` still prints it."""
+    other bad input, instead of the usage block; ``--help`` still prints it. An unrecognized
+    ``--<name>`` that is a config key gets the ``--set`` that sets it (:func:`set_hint`)."""
+
+    #: the command's own config section (``search`` or ``retrain``), looked in first for hints
+    section: str = "search"
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hint = set_hint(extras, self.section)
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + (f"; {hint}" if hint else ""))
+        return parsed
 
     def error(self, message: str):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
+
+def set_hint(extras: list[str], section: str) -> Optional[str]:
+    """For unrecognized arguments such as ``--steps 100`` or ``--d-model=64``: ``did you mean
+    --set search.steps=100?`` naming every ``--<name>`` that is a config key (dashes read as
+    underscores; the command's own ``section`` first, then the others in file order); None
+    when no argument is one."""
+    import dataclasses
+
+    from .config import Config
+
+    sections = [section] + [f.name for f in dataclasses.fields(Config) if f.name != section]
+    keys = {}
+    for sec in sections:
+        for f in dataclasses.fields(getattr(Config(), sec)):
+            keys.setdefault(f.name, f"{sec}.{f.name}")
+    sets = []
+    for i, tok in enumerate(extras):
+        if not tok.startswith("--"):
+            continue
+        name, eq, value = tok[2:].partition("=")
+        key = keys.get(name.replace("-", "_"))
+        if key is None:
+            continue
+        if not eq:
+            nxt = extras[i + 1] if i + 1 < len(extras) else None
+            value = nxt if nxt is not None and not nxt.startswith("--") else "VALUE"
+        sets.append(f"--set {key}={value}")
+    return f"did you mean {' '.join(sets)}?" if sets else None
 
 
 #: The config file's sections (:class:`autoln.config.Config`'s fields), for ``--help``.
@@ -56,6 +96,7 @@ def number(value: float) -> str:
 
 def _parser(prog: str, description: str, section: str, default_out: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=description)
+    p.section = section
     p.add_argument("--config", metavar="FILE", help=f"YAML config (sections {', '.join(CONFIG_SECTIONS)})")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                    help=f"override one config key, e.g. --set {section}.steps=200 (repeatable)")

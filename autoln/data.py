@@ -184,8 +184,16 @@ def looks_like_text(blob: bytes, sample: int = 1 << 16) -> bool:
 
 
 def _read(path: Path) -> bytes:
+    """The bytes of the corpus file ``path``, with a warning when they do not look like text.
+
+    Raises:
+        DataError: unreadable or empty; or one of nanoGPT's token files (a ``.bin`` with
+            ``train.bin`` and ``val.bin`` beside it), whose folder is the corpus to pass."""
     import sys
 
+    if path.suffix == ".bin" and (path.parent / "train.bin").is_file() and (path.parent / "val.bin").is_file():
+        raise DataError(f"corpus file {path} is one of nanoGPT's token files (train.bin and val.bin are beside it), not text: "
+                        f"pass their folder, --set data.corpus={path.parent}, and autoln reads them as token ids")
     try:
         blob = path.read_bytes()
     except OSError as exc:
