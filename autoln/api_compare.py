@@ -1,4 +1,4 @@
-"""``autoln.compare``: what ``retrain.py --compare`` does for autoln's model, for a user's model.
+"""``autoln.compare_genotypes``: what ``retrain.py --compare`` does for autoln's model, for a user's model.
 
 Each genotype's derived model (:func:`autoln.api.derive` on a fresh model, DeepNorm's init
 included) and each uniform baseline placement (``all-pre`` is nanoGPT's own Pre-LN model:
@@ -104,11 +104,11 @@ def uniform(model: nn.Module, placement: str) -> SiteGenotype:
         ValueError: a site that does not offer ``placement``, or no searchable site."""
     sites = searchable_sites(model)
     if not sites:
-        raise ValueError("autoln.compare: build() gives a model without an autoln.Site of two or more candidates "
+        raise ValueError("autoln.compare_genotypes: build() gives a model without an autoln.Site of two or more candidates "
                          "(build the model with its candidates, e.g. GPTConfig(norm_candidates=('pre', 'post', 'deepnorm')))")
     cands = list(sites[0][1].placements)
     if placement not in cands:
-        raise ValueError(f"autoln.compare: baselines: {placement!r} is not among the sites' candidates {cands}")
+        raise ValueError(f"autoln.compare_genotypes: baselines: {placement!r} is not among the sites' candidates {cands}")
     k = cands.index(placement)
     return SiteGenotype(cands, {n: placement for n, _ in sites},
                         {n: [1.0 if i == k else 0.0 for i in range(len(cands))] for n, _ in sites})
@@ -125,7 +125,7 @@ def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int
     from .training import train_step, weight_optimizer
 
     if train_batches is None or iter(train_batches) is train_batches:
-        raise ValueError("autoln.compare: train_batches: expected a list or a DataLoader of (x, y) batches, which every "
+        raise ValueError("autoln.compare_genotypes: train_batches: expected a list or a DataLoader of (x, y) batches, which every "
                          "model can iterate from its start (a generator gives its batches once); or pass train=fn(model, seed)")
 
     def train(model: nn.Module, seed: int) -> None:
@@ -142,7 +142,7 @@ def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int
                 train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
                 step, drawn = step + 1, True
             if not drawn:
-                raise ValueError("autoln.compare: train_batches gave no batch")
+                raise ValueError("autoln.compare_genotypes: train_batches gave no batch")
     return train
 
 
@@ -155,7 +155,7 @@ def default_evaluate(valid_batches) -> Callable[[nn.Module], float]:
     from .training import evaluate_batches
 
     if valid_batches is None:
-        raise ValueError("autoln.compare: pass valid_batches (a list of (x, y) batches) or evaluate=fn(model) -> float")
+        raise ValueError("autoln.compare_genotypes: pass valid_batches (a list of (x, y) batches) or evaluate=fn(model) -> float")
     batches = list(valid_batches)
 
     def evaluate(model: nn.Module) -> float:
@@ -163,7 +163,7 @@ def default_evaluate(valid_batches) -> Callable[[nn.Module], float]:
     return evaluate
 
 
-def compare(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
+def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
             seeds: Union[int, Sequence[int]] = 3, train: Optional[Callable[[nn.Module, int], Any]] = None,
             evaluate: Optional[Callable[[nn.Module], float]] = None, train_batches: Optional[Iterable] = None,
             valid_batches: Optional[Iterable] = None, cfg: Optional[RetrainConfig] = None,
@@ -196,14 +196,14 @@ def compare(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: 
         autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`).
     """
     if isinstance(seeds, bool) or (isinstance(seeds, int) and seeds < 1):
-        raise ValueError(f"autoln.compare: seeds: expected a positive count or a list of seeds, got {seeds!r}")
+        raise ValueError(f"autoln.compare_genotypes: seeds: expected a positive count or a list of seeds, got {seeds!r}")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if not seed_list or any(isinstance(s, bool) or not isinstance(s, int) for s in seed_list) or len(set(seed_list)) != len(seed_list):
-        raise ValueError(f"autoln.compare: seeds: expected distinct integers, got {seeds!r}")
+        raise ValueError(f"autoln.compare_genotypes: seeds: expected distinct integers, got {seeds!r}")
     named = {"searched": genotypes} if isinstance(genotypes, SiteGenotype) else dict(genotypes or {})
     for name, g in named.items():
         if not isinstance(g, SiteGenotype):
-            raise ValueError(f"autoln.compare: genotypes[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
+            raise ValueError(f"autoln.compare_genotypes: genotypes[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
     torch.manual_seed(seed_list[0])
     probe = build()
     if baselines is None:
@@ -214,7 +214,7 @@ def compare(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: 
         models[f"all-{p}"] = uniform(probe, p)
     del probe
     if not models:
-        raise ValueError("autoln.compare: nothing to compare: give genotypes or baselines")
+        raise ValueError("autoln.compare_genotypes: nothing to compare: give genotypes or baselines")
     train = train or default_train(train_batches, cfg or RetrainConfig())
     evaluate = evaluate or default_evaluate(valid_batches)
     values: dict[str, list[float]] = {name: [] for name in models}
@@ -228,7 +228,7 @@ def compare(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: 
             values[name].append(value)
             done += 1
             if progress:
-                print(f"autoln.compare: {name} seed {seed}: {value:.4f} ({done}/{total})", file=sys.stderr, flush=True)
+                print(f"autoln.compare_genotypes: {name} seed {seed}: {value:.4f} ({done}/{total})", file=sys.stderr, flush=True)
     rows = sorted((CompareRow(n, g.describe(), values[n]) for n, g in models.items()), key=lambda r: r.mean)
     result = Comparison(rows, seed_list)
     base_rows = [r for r in rows if r.name.startswith("all-") and r.name not in named]

@@ -293,8 +293,10 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if not distributed.is_main():
             return
         headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
-        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])} "
-              f"(an estimate on search.eval_windows={cfg.search.eval_windows} windows)\n"
+        se = result.valid.get(f"{headline}_stderr")
+        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}"
+              + (f" ± {number(se)}" if se is not None else "") +
+              f" (an estimate on search.eval_windows={cfg.search.eval_windows} windows, ± one standard error over windows)\n"
               f"wrote {result.path} ({result.wall_time_s:.1f} s)")
         _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
         selection = result.genotype.provenance["selection"]

@@ -732,10 +732,29 @@ def eval_starts(n_tokens: int, context: int, n_windows: Optional[int]) -> np.nda
     return np.linspace(0, total - 1, n_windows).round().astype(np.int64) * context
 
 
+def estimate_starts(final: np.ndarray, n_windows: Optional[int]) -> np.ndarray:
+    """The windows of the evaluations before the last step: ``n_windows`` of the ``final``
+    window starts (:func:`eval_starts` of ``final_eval_windows``), evenly spaced among them, so
+    every estimate measures a subset of the very windows of the final number (all of them for
+    ``None`` or ``n_windows >= len(final)``)."""
+    if n_windows is None or n_windows >= len(final):
+        return final
+    return final[np.linspace(0, len(final) - 1, n_windows).round().astype(np.int64)]
+
+
 def eval_batches(tokens: np.ndarray, starts: np.ndarray, context: int, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batches ``(x, y)`` ``(<=B, T)`` over the given window starts, in order."""
     for i in range(0, len(starts), batch_size):
         yield windows(tokens, starts[i:i + batch_size], context)
+
+
+def estimate_text(metrics: Optional[dict], headline: str) -> str:
+    """``2.367 ± 0.071 bits/byte``: a valid estimate with its standard error over windows (as
+    the final number carries it), ``-`` before the first evaluation."""
+    if not metrics:
+        return "-"
+    se = metrics.get(f"{headline}_stderr")
+    return f"{metrics[headline]:.3f}" + (f" ± {se:.3f}" if se is not None else "") + f" {UNITS[headline]}"
 
 
 def metrics_from_loss(loss_nats: float, tokenizer: str, bytes_per_token: Optional[float] = None) -> dict[str, float]:

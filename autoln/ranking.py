@@ -1,4 +1,4 @@
-"""Means over seeds and the tie rule shared by ``retrain.py --compare`` and ``autoln.compare``.
+"""Means over seeds and the tie rule shared by ``retrain.py --compare`` and ``autoln.compare_genotypes``.
 
 A difference of two means within one standard deviation over seeds (the larger of the two
 sample standard deviations) is a tie: with 3 seeds a smaller gap is not told apart from seed

@@ -22,7 +22,8 @@ import numpy as np
 
 from . import distributed
 from .config import Config
-from .data import HEADLINE, UNITS, WindowSampler, check_lengths, eval_batches, eval_starts, load_corpus, metrics_from_loss
+from .data import (HEADLINE, WindowSampler, check_lengths, estimate_starts, estimate_text, eval_batches, eval_starts,
+                   load_corpus, metrics_from_loss)
 from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, set_rng_state, space_errors_kept
 from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
@@ -283,7 +284,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
             prepare_out_dir(out, overwrite or resume)
         write_text_atomic(out / "config.yaml", cfg.to_yaml())
     distributed.barrier()
-    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
+    valid_starts = estimate_starts(eval_starts(len(valid), mc.context, rc.final_eval_windows), rc.eval_windows)
     diag_x, diag_y = (t.to(device) for t in next(eval_batches(valid, valid_starts[:DIAG_WINDOWS], mc.context, DIAG_WINDOWS)))
     run = start_run(cfg, model, opt, sched, sampler, ckpt, diag_x, diag_y)
     log = Logger(out, cfg.logging.tensorboard and main, purge_step=run.start + 1 if run.start else None)
@@ -333,8 +334,8 @@ def train_steps(cfg: Config, corpus, run: RetrainRun, checkpointing: Checkpointi
     the progress line."""
     rc, mc = cfg.retrain, cfg.model
     valid = corpus.splits["valid"]
-    valid_starts = eval_starts(len(valid), mc.context, rc.eval_windows)
     final_valid_starts = eval_starts(len(valid), mc.context, rc.final_eval_windows)
+    valid_starts = estimate_starts(final_valid_starts, rc.eval_windows)  # a subset of the final windows
     show = cfg.logging.progress and distributed.is_main()
     state, model = run.state, run.model
     bar = progress_bar(range(run.start + 1, rc.steps + 1), show=show, desc="retrain", unit="step", initial=run.start, total=rc.steps)
@@ -382,7 +383,7 @@ def show_progress(cfg: Config, corpus, bar, state: dict, loss_v: float, step: in
     """The bar's text (training loss and last valid metric in the headline unit, with its
     windows), and one line per evaluation in a redirected log."""
     headline = HEADLINE[cfg.data.tokenizer]
-    shown = f"{state['valid_metrics'][headline]:.3f} {UNITS[headline]}" if state["valid_metrics"] else "-"
+    shown = estimate_text(state["valid_metrics"], headline)
     train_shown = f"{metrics_from_loss(loss_v, cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
     windows = state["valid_metrics"].get("windows", eval_windows) if state["valid_metrics"] else eval_windows
     bar.set_postfix_str(f"train {train_shown}, valid {shown} ({windows} windows)")

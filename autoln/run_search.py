@@ -18,7 +18,7 @@ import numpy as np
 
 from . import distributed
 from .config import Config
-from .data import HEADLINE, UNITS, WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss
+from .data import HEADLINE, WindowSampler, arch_split, check_lengths, estimate_text, eval_starts, load_corpus, metrics_from_loss
 from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, space_errors_kept
 from .errors import ConfigError, OutputError
 from .genotype import Genotype, from_probabilities, nest_sites
@@ -141,7 +141,7 @@ def search_data(cfg: Config, corpus, model, device) -> tuple[SearchData, dict]:
     data = SearchData(
         weight_batch=draw(sampler_w), arch_batch=draw(sampler_a),
         selection_loss=lambda mix: evaluate(model, train, sel_starts, mc.context, sc.batch_size, device, mix=mix),
-        valid=lambda: measure(model, valid, valid_starts, mc.context, sc.batch_size, device, cfg.data.tokenizer, bpt),
+        valid=lambda: measure(model, valid, valid_starts, mc.context, sc.batch_size, device, cfg.data.tokenizer, bpt, stderr=True),
         state_dict=lambda: {"w": sampler_w.state_dict(), "alpha": sampler_a.state_dict()}, load_state_dict=load)
     return data, {"a_chunks": a_chunks}
 
@@ -155,7 +155,7 @@ def progress_text(cfg: Config, corpus) -> Callable[[SearchLoop, dict], str]:
         model, valid = loop.model, loop.state["valid_metrics"]
         names = [model.candidates[i] for i in model.alphas.detach().argmax(-1).tolist()]
         arch = f"argmax [{' '.join(names)}]" if stats["alpha_step"] else f"alphas frozen until step {sc.arch_warmup_steps + 1}"
-        shown = f"{valid[headline]:.3f} {UNITS[headline]}" if valid else "-"
+        shown = estimate_text(valid, headline)
         train_shown = f"{metrics_from_loss(stats['loss_w'], cfg.data.tokenizer, corpus.bytes_per_token.get('train'))[headline]:.3f}"
         return f"train {train_shown}, supernet valid {shown}, {arch}"
 

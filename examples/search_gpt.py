@@ -70,7 +70,7 @@ def main(argv=None) -> int:
 
     # 2. the answer against the model's own Pre-LN (all-pre) and the other uniform placements,
     #    each trained from scratch by nanoGPT's loop at the same seeds
-    result = autoln.compare(lambda: GPT(GPTConfig(**size, norm_candidates=CANDIDATES)), outcome.genotype,
+    result = autoln.compare_genotypes(lambda: GPT(GPTConfig(**size, norm_candidates=CANDIDATES)), outcome.genotype,
                             baselines=CANDIDATES, seeds=args.seeds,
                             train=lambda model, seed: train(model, train_data, args.block_size, recipe, seed),
                             evaluate=lambda model: val_loss(model, val_data, args.block_size), progress=False)

@@ -37,7 +37,7 @@ genotype with its probabilities), so the derived variants and a rerun reuse it.
 row of ``experiments/own_model.csv`` (reused, never re-run)::
 
     OMP_NUM_THREADS=1 python experiments/own_model.py --data input.txt \
-        --variants readme,cli,cli-lr,cli-argmax,cli-noinit --baselines pre,post,deepnorm --seeds 0,1,2
+        --variants cli,cli-noinit,cli-argmax,readme,cli-lr,spos-score,fair-score --baselines pre,post,deepnorm --seeds 0,1,2
 """
 
 from __future__ import annotations

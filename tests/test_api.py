@@ -50,8 +50,12 @@ def _genotype(model, placement: str) -> autoln.SiteGenotype:
 
 
 def test_the_public_names_are_importable_from_autoln():
-    for name in ("Site", "SearchModel", "search", "derive", "SiteGenotype", "load_derived", "SearchConfig"):
-        assert getattr(autoln, name).__doc__, name
+    import autoln.compare  # noqa: F401 - a submodule named like a public name would now shadow it
+
+    for name in ("Site", "SearchModel", "search", "derive", "SiteGenotype", "load_derived", "SearchConfig",
+                 "deepnorm_weights", "compare_genotypes", "Comparison"):
+        assert getattr(autoln, name).__doc__ and not isinstance(getattr(autoln, name), type(autoln)), name
+        assert not (ROOT / "autoln" / f"{name}.py").exists(), name
     with pytest.raises(AttributeError):
         autoln.nothing_here  # noqa: B018
 

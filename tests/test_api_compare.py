@@ -1,4 +1,4 @@
-"""``autoln.compare`` on the tiny example model: its numbers are those of training each model by
+"""``autoln.compare_genotypes`` on the tiny example model: its numbers are those of training each model by
 hand at the same seeds (a user's loop and the default loop), ties follow ``retrain.py
 --compare``'s rule, and bad arguments are refused in one line."""
 
@@ -57,7 +57,7 @@ def test_compare_equals_training_each_model_by_hand_with_a_user_loop(gpt):
 
     build = lambda: gpt.GPT(gpt.GPTConfig(**SIZE, norm_candidates=CANDIDATES))  # noqa: E731
     g = _genotype(gpt)
-    result = autoln.compare(build, g, baselines=("pre", "post"), seeds=[0, 1], train=my_train, evaluate=my_eval, progress=False)
+    result = autoln.compare_genotypes(build, g, baselines=("pre", "post"), seeds=[0, 1], train=my_train, evaluate=my_eval, progress=False)
     assert {r.name for r in result.rows} == {"searched", "all-pre", "all-post"} and result.seeds == [0, 1]
     by_hand = {}
     for name, placement in (("searched", None), ("all-pre", "pre"), ("all-post", "post")):
@@ -83,7 +83,7 @@ def test_compare_with_the_default_loop_equals_autoln_s_steps_by_hand(gpt):
     train, valid = _data(3, 1), _data(2, 2)
     cfg = RetrainConfig(steps=5, warmup_steps=1, lr=3e-3)
     build = lambda: gpt.GPT(gpt.GPTConfig(**SIZE, norm_candidates=CANDIDATES))  # noqa: E731
-    result = autoln.compare(build, {"mine": _genotype(gpt)}, baselines=(), seeds=1, train_batches=train,
+    result = autoln.compare_genotypes(build, {"mine": _genotype(gpt)}, baselines=(), seeds=1, train_batches=train,
                             valid_batches=valid, cfg=cfg, progress=False)
     torch.manual_seed(0)
     model = autoln.derive(build(), _genotype(gpt))
@@ -120,4 +120,4 @@ def test_ties_follow_the_rule_of_retrain_compare():
 def test_compare_refuses_bad_arguments_in_one_line(gpt, kwargs, match):
     build = lambda: gpt.GPT(gpt.GPTConfig(**SIZE, norm_candidates=CANDIDATES))  # noqa: E731
     with pytest.raises(ValueError, match=match):
-        autoln.compare(build, _genotype(gpt), progress=False, **kwargs)
+        autoln.compare_genotypes(build, _genotype(gpt), progress=False, **kwargs)
