@@ -13,7 +13,8 @@ from typing import Sequence
 
 
 def mean_std(values: Sequence[float]) -> str:
-    """``mean ± std`` (sample std) of ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
+    """``mean ± std`` (sample std) of the finite ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
+    values = [v for v in values if math.isfinite(v)]
     if not values:
         return "-"
     if len(values) == 1:
@@ -22,7 +23,10 @@ def mean_std(values: Sequence[float]) -> str:
 
 
 def stats(values: Sequence[float]) -> tuple[float, float]:
-    """``(mean, sample std)`` of ``values``: ``(inf, 0)`` for none, std 0 for one."""
+    """``(mean, sample std)`` of the finite ``values`` (a NaN or inf score is a diverged run,
+    left out as ``retrain.py --compare`` leaves out diverged seeds): ``(inf, 0)`` for none, std
+    0 for one."""
+    values = [float(v) for v in values if math.isfinite(float(v))]
     if not values:
         return float("inf"), 0.0
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -32,6 +36,7 @@ def is_tie(a: Sequence[float], b: Sequence[float]) -> bool:
     """True when the means of ``a`` and ``b`` (values per seed) differ by at most the larger of
     their two standard deviations; never with fewer than two values on either side (one seed
     tells no noise)."""
+    a, b = [v for v in a if math.isfinite(v)], [v for v in b if math.isfinite(v)]
     if len(a) < 2 or len(b) < 2:
         return False
     (ma, sa), (mb, sb) = stats(a), stats(b)

@@ -121,3 +121,14 @@ def test_compare_refuses_bad_arguments_in_one_line(gpt, kwargs, match):
     build = lambda: gpt.GPT(gpt.GPTConfig(**SIZE, norm_candidates=CANDIDATES))  # noqa: E731
     with pytest.raises(ValueError, match=match):
         autoln.compare_genotypes(build, _genotype(gpt), progress=False, **kwargs)
+
+
+def test_a_diverged_run_is_left_out_not_a_crash():
+    """A NaN or inf score (a diverged run) is left out of the mean, as retrain.py --compare does."""
+    row = CompareRow("all-post", "post", [2.4, float("nan"), 2.6])
+    assert math.isclose(row.mean, 2.5) and math.isclose(row.std, math.sqrt(0.02))
+    dead = CompareRow("all-none", "none", [float("inf")] * 2)
+    assert dead.mean == float("inf")
+    table = Comparison([row, dead], [0, 1, 2]).table()
+    assert "| all-post | post | 2.5000 ± 0.1414 | 2.4000 / nan / 2.6000 | best |" in table and "| all-none | none | - |" in table
+    assert "loses to" in verdict(dead, row)
