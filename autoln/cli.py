@@ -64,10 +64,11 @@ def set_hint(extras: list[str], section: str) -> Optional[str]:
 
     from .config import Config
 
+    defaults = Config()
     sections = [section] + [f.name for f in dataclasses.fields(Config) if f.name != section]
     keys = {}
     for sec in sections:
-        for f in dataclasses.fields(getattr(Config(), sec)):
+        for f in dataclasses.fields(getattr(defaults, sec)):
             keys.setdefault(f.name, f"{sec}.{f.name}")
     sets = []
     for i, tok in enumerate(extras):

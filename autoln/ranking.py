@@ -36,10 +36,9 @@ def is_tie(a: Sequence[float], b: Sequence[float]) -> bool:
     """True when the means of ``a`` and ``b`` (values per seed) differ by at most the larger of
     their two standard deviations; never with fewer than two values on either side (one seed
     tells no noise)."""
-    a, b = [v for v in a if math.isfinite(v)], [v for v in b if math.isfinite(v)]
-    if len(a) < 2 or len(b) < 2:
+    if sum(map(math.isfinite, a)) < 2 or sum(map(math.isfinite, b)) < 2:
         return False
-    (ma, sa), (mb, sb) = stats(a), stats(b)
+    (ma, sa), (mb, sb) = stats(a), stats(b)  # stats leaves the non-finite values out
     return abs(ma - mb) <= max(sa, sb)
 
 
