@@ -8,14 +8,15 @@ model), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
 The public API for a model of your own (README, *Your own model*), imported on first use:
 ``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
 ``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``,
-``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` (:mod:`api_compare`).
+``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` and ``autoln.race_genotypes`` (:mod:`api_compare`).
 """
 
 __version__ = "0.1.0"
 
 _PUBLIC = {"Site": "model", "SearchModel": "api", "search": "api", "derive": "api", "SiteGenotype": "api",
            "load_derived": "api", "SearchOutcome": "api", "SearchConfig": "config", "deepnorm_weights": "branches",
-           "compare_genotypes": "api_compare", "Comparison": "api_compare"}
+           "compare_genotypes": "api_compare", "Comparison": "api_compare", "race_genotypes": "api_compare",
+           "RaceOutcome": "api_compare"}
 __all__ = sorted(_PUBLIC)
 
 

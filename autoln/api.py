@@ -493,7 +493,8 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
            cfg: Optional[SearchConfig] = None, loss_fn: Optional[LossFn] = None, seed: int = 0,
            progress: bool = True, selection_batches: Optional[Iterable] = None, valid_batches: Optional[Iterable] = None,
            out: Optional[str | Path] = None, resume: bool = False, overwrite: bool = False, tensorboard: bool = False,
-           checkpoint_every: int = 100, on_eval: Optional[Callable[[int, dict], None]] = None) -> SearchOutcome:
+           checkpoint_every: int = 100, on_eval: Optional[Callable[[int, dict], None]] = None,
+           shortlist: int = 3) -> SearchOutcome:
     """The bilevel search (docs/design.md §4) on a user's model with searchable sites: the same
     loop as ``search.py`` (:class:`autoln.search_loop.SearchLoop`) with the same pieces.
 
@@ -540,6 +541,10 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
             SIGINT/SIGTERM (0: only those).
         overwrite: reuse an ``out`` that holds a finished or interrupted search.
         on_eval: ``fn(step, valid_metrics)`` after each evaluation; what it raises ends the run.
+        shortlist: how many of the trained supernet's best whole genotypes by one-hot score
+            (on the read-off's batches, before the read-off changes a weight) the genotype's
+            provenance keeps as ``shortlist`` (``[{"sites": {site: placement}, "loss": nats/token}]``):
+            the pool of :func:`autoln.race_genotypes` besides the read-off and the argmax.
 
     Returns:
         :class:`SearchOutcome`.
@@ -566,6 +571,8 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
         raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"autoln.search: seed: expected an integer, got {seed!r}")
+    if isinstance(shortlist, bool) or not isinstance(shortlist, int) or not 0 <= shortlist <= 10:
+        raise ValueError(f"autoln.search: shortlist: expected an integer from 0 to 10, got {shortlist!r}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
                          f"signals), got {checkpoint_every!r}")
@@ -600,7 +607,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
             stack.enter_context(FolderLock(out, "autoln.search"))
             stack.enter_context(space_errors_kept(out, resume_hint(out)))
         outcome = _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
-                          out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals)
+                          out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals, shortlist)
     if travel:
         outcome.notes.insert(0, travel)
     return outcome
@@ -608,7 +615,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
 
 def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, selection_batches, valid_batches, seed: int,
             progress: bool, out: Optional[Path], resume: bool, overwrite: bool, tensorboard: bool, checkpoint_every: int,
-            on_eval, signals) -> SearchOutcome:
+            on_eval, signals, shortlist: int = 0) -> SearchOutcome:
     """The body of :func:`search`: the loop's data and pieces, the run, the answer."""
     from dataclasses import asdict
 
@@ -665,7 +672,7 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
         pieces.append(EvalHook(on_eval))
     pieces.append(Progress(progress, lambda loop, stats: f"train loss {stats['loss_w']:.3f}"))
     model.train()
-    loop = SearchLoop(model, cfg, data, seed=seed, callbacks=pieces, checkpointing=checkpointing)
+    loop = SearchLoop(model, cfg, data, seed=seed, callbacks=pieces, checkpointing=checkpointing, shortlist=shortlist)
     resume_loop(loop, ckpt)
     read_off = loop.run()
     genotype = site_genotype(model, read_off, loop)
@@ -714,6 +721,9 @@ def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:
         provenance.update({"search": read_off.scored.method, "evaluated": read_off.scored.evaluated, "loss": read_off.scored.loss})
     if read_off.early is not None:
         provenance["early_stop"] = read_off.early
+    if read_off.shortlist:
+        provenance["shortlist"] = [{"sites": {n: model.candidates[g[r]] for n, r in zip(names, rows)}, "loss": round(float(v), 6)}
+                                   for g, v in read_off.shortlist]
     return SiteGenotype(list(model.candidates), {n: model.candidates[read_off.choices[r]] for n, r in zip(names, rows)},
                         {n: [float(v) for v in probs[r]] for n, r in zip(names, rows)}, provenance)
 

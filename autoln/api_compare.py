@@ -238,3 +238,161 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
     if progress:
         print(result.report(), flush=True)
     return result
+
+
+# --- the race on a user's model (docs/design.md §10; the rule: autoln.race) -----------------------
+
+
+def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
+    """The named placements of ``model``'s searchable sites: ``all-<c>`` for each candidate and,
+    when ``pre`` and ``post`` are candidates, ``mix-ln`` (the sites of the first
+    ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) and ``pre-post``
+    (the first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``), ``N`` the sites'
+    ``n_layers`` and the block a site's ``layer``.
+
+    Raises:
+        ValueError: no searchable site."""
+    import math
+
+    sites = searchable_sites(model)
+    if not sites:
+        raise ValueError("autoln.race_genotypes: build() gives a model without an autoln.Site of two or more candidates")
+    cands = list(sites[0][1].placements)
+    out = {f"all-{c}": uniform(model, c) for c in cands}
+    if "pre" in cands and "post" in cands:
+        n = sites[0][1].n_layers
+        for name, first, rest, k in (("mix-ln", "post", "pre", math.floor(0.25 * n + 0.5)),
+                                     ("pre-post", "pre", "post", math.floor(0.5 * n + 0.5))):
+            chosen = {s: first if site.layer <= k else rest for s, site in sites}
+            out[name] = SiteGenotype(cands, chosen, {s: [1.0 if c == chosen[s] else 0.0 for c in cands] for s in chosen})
+    return out
+
+
+def searched_site_genotypes(genotype: SiteGenotype) -> dict[str, SiteGenotype]:
+    """What a search's answer enters into the race: ``read-off`` (the genotype), ``argmax`` (of
+    its probabilities) and ``top1``... (its provenance's ``shortlist``, :func:`autoln.search`)."""
+    cands = genotype.candidates
+
+    def one_hot(sites: dict[str, str], name: str) -> SiteGenotype:
+        return SiteGenotype(list(cands), dict(sites), {s: [1.0 if c == p else 0.0 for c in cands] for s, p in sites.items()},
+                            {"race_entry": name})
+
+    out = {"read-off": genotype,
+           "argmax": one_hot({s: cands[max(range(len(p)), key=p.__getitem__)] for s, p in genotype.probabilities.items()}, "argmax")}
+    for i, entry in enumerate(genotype.provenance.get("shortlist", [])):
+        out[f"top{i + 1}"] = one_hot(entry["sites"], f"top{i + 1}")
+    return out
+
+
+@dataclass
+class RaceOutcome:
+    """What :func:`race_genotypes` returns: ``genotype`` (the answer, the verdict in its
+    provenance's ``race``), the :class:`autoln.race.Verdict`, the final :class:`autoln.race.Plan`,
+    every measured ``values`` (``(entry, steps, seed index)`` -> value) and ``record`` (as
+    ``search.py``'s ``race.json``: rule, pool, rungs, retrains, verdict)."""
+
+    genotype: SiteGenotype
+    verdict: Any
+    plan: Any
+    values: dict
+    record: dict
+
+
+def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype, Mapping[str, SiteGenotype]], *,
+                   train: Callable[[nn.Module, int, int], Any], evaluate: Callable[[nn.Module], float], steps: int,
+                   own: Union[str, SiteGenotype] = "pre", baselines: Optional[Sequence[str]] = None, seed: int = 0,
+                   rule: Any = None, values: Optional[dict] = None, on_result: Optional[Callable[[Any, float], None]] = None,
+                   progress: bool = True) -> RaceOutcome:
+    """The race of ``search.py`` on a user's model (docs/design.md §10; the rule is
+    :mod:`autoln.race`): the search's shortlist against the named placements and the model's
+    own placement, decided by real trainings, successive halving ending at ``steps``.
+
+    Per retrain, in this order: ``torch.manual_seed(seed + i)``, ``model = build()``,
+    ``derive(model, genotype)``, ``train(model, seed + i, rung_steps)``, ``evaluate(model)``
+    (``i`` the seed index: 0 at the short rungs, ``0..final_seeds-1`` at ``steps``).
+
+    Args:
+        build: ``() -> nn.Module``, a fresh model with the searched sites.
+        searched: the search's answer (:attr:`autoln.SearchOutcome.genotype`: its read-off, its
+            argmax and its ``shortlist`` enter), or ``{name: genotype}`` entered as they are.
+        train: ``fn(model, seed, steps)``: trains the model in place for ``steps`` steps (your
+            loop at that length, e.g. its schedule ending at ``steps``).
+        evaluate: ``fn(model) -> float``, lower is better (a validation loss).
+        steps: the full budget (the training you will run), the last rung.
+        own: the model's own placement, always a finalist: a candidate name (every site), or a
+            :class:`autoln.SiteGenotype`. Default ``pre`` (GPT-2, nanoGPT, Llama).
+        baselines: names of :func:`named_site_genotypes` to race (default all of them).
+        seed: the first seed.
+        rule: an :class:`autoln.race.RaceRule` (default eta 3, 3 rungs, 3 final seeds, level 0.05).
+        values: measurements already made (``(entry, steps, seed index)`` -> value), reused and
+            filled in: a race continued after an interruption, or replayed.
+        on_result: ``fn(job, value)`` after each retrain (e.g. to keep it in a table).
+        progress: a line per retrain and the verdict on stderr.
+
+    Returns:
+        :class:`RaceOutcome`.
+
+    Raises:
+        ValueError: ``steps`` not a positive integer, an ``own`` that is not a candidate, an
+            unknown baseline, an empty pool; as :func:`named_site_genotypes`.
+        autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`).
+    """
+    from . import race as R
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"autoln.race_genotypes: steps: expected a positive integer, got {steps!r}")
+    rule = rule or R.RaceRule()
+    torch.manual_seed(seed)
+    probe = build()
+    named = named_site_genotypes(probe)
+    cands = list(searchable_sites(probe)[0][1].placements)
+    del probe
+    unknown = [b for b in (baselines or []) if b not in named]
+    if unknown:
+        raise ValueError(f"autoln.race_genotypes: baselines: unknown {unknown}; expected some of {list(named)}")
+    named = {k: v for k, v in named.items() if baselines is None or k in baselines}
+    if isinstance(own, str):
+        if own not in cands:
+            raise ValueError(f"autoln.race_genotypes: own: {own!r} is not among the sites' candidates {cands}")
+        own_name, own_g = f"all-{own}", named.get(f"all-{own}") or uniform(build(), own)
+    elif isinstance(own, SiteGenotype):
+        own_name, own_g = "own", own
+    else:
+        raise ValueError(f"autoln.race_genotypes: own: expected a candidate name or an autoln.SiteGenotype, got {type(own).__name__}")
+    pool_g = dict(searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else dict(searched))
+    for name, g in pool_g.items():
+        if not isinstance(g, SiteGenotype):
+            raise ValueError(f"autoln.race_genotypes: searched[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
+    named.pop(own_name, None)
+    entries, aliases = R.make_pool([(n, g.describe()) for n, g in pool_g.items()], [(n, g.describe()) for n, g in named.items()],
+                                   own=(own_name, own_g.describe()))
+    genotypes = {own_name: own_g, **named, **pool_g}
+
+    def measure(job) -> float:
+        torch.manual_seed(seed + job.seed)
+        model = derive(build(), genotypes[job.entry])
+        train(model, seed + job.seed, job.steps)
+        value = float(evaluate(model))
+        if progress:
+            print(f"autoln.race_genotypes: {job.entry} at {job.steps} steps, seed {seed + job.seed}: {value:.4f}",
+                  file=sys.stderr, flush=True)
+        if on_result is not None:
+            on_result(job, value)
+        return value
+
+    if progress:
+        print(f"autoln.race_genotypes: pool {', '.join(e.name for e in entries)}"
+              + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
+              + f"; rungs at {R.rung_steps(steps, rule)} steps", file=sys.stderr, flush=True)
+    plan, values = R.run(entries, steps, rule, measure, values)
+    v = R.verdict(plan.finalists, values, steps, rule)
+    record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "pool": [vars(e) for e in entries], "aliases": aliases,
+              "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
+                                            for k, val in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))],
+              "verdict": {"answer": v.answer.name, "outcome": v.outcome, "line": v.line, "p_value": v.p_value, "values": v.values}}
+    chosen = genotypes[v.answer.name]
+    answer = SiteGenotype(chosen.candidates, dict(chosen.sites), dict(chosen.probabilities),
+                          {**chosen.provenance, "race": record["verdict"] | {"rule": record["rule"]}})
+    if progress:
+        print(f"autoln.race_genotypes: {v.line}", file=sys.stderr, flush=True)
+    return RaceOutcome(answer, v, plan, values, record)

@@ -86,7 +86,7 @@ def set_hint(extras: list[str], section: str) -> Optional[str]:
 
 
 #: The config file's sections (:class:`autoln.config.Config`'s fields), for ``--help``.
-CONFIG_SECTIONS = ("data", "model", "search", "retrain", "tune", "checkpoint", "logging")
+CONFIG_SECTIONS = ("data", "model", "search", "retrain", "tune", "race", "checkpoint", "logging")
 
 
 def number(value: float) -> str:
@@ -266,11 +266,9 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="run N searches (seeds search.seed..+N-1) in <out>/seed<s> and write their consensus genotype, "
                         "votes.md and the agreement; re-running finishes an interrupted set")
     p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="with --tune or --seeds: worker processes on this machine (default 1)")
+                   help="worker processes on this machine for --tune, --seeds or the race after a search (default 1)")
     _add_resume(p)
     args = p.parse_args(argv)
-    if args.workers != 1 and not (args.tune or args.seeds is not None):
-        p.error("--workers needs --tune or --seeds")
     if args.tune and args.seeds is not None:
         p.error("--seeds and --tune are separate jobs: give one of them")
     _check_resume(p, args, "tune", "seeds")
@@ -289,27 +287,71 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.seeds is not None:
             _refuse_torchrun("--seeds")
             return _seeds(cfg, args)
-        out = where["out"] = _shared_out(args.out or default_out_dir("search"), cfg.search.device)
-        result = run_search(cfg, out, args.overwrite, resume=args.resume)
-        if not distributed.is_main():
+        if args.workers < 1:
+            p.error(f"--workers must be a positive integer, got {args.workers}")
+        if args.workers != 1 and not cfg.race.enabled:
+            p.error("--workers needs --tune, --seeds or the race after a search (race.enabled is false)")
+        out = where["out"] = Path(_shared_out(args.out or default_out_dir("search"), cfg.search.device))
+        race = cfg.race.enabled and not distributed.launched()
+        if not (race and args.resume and searched(out)):
+            result = run_search(cfg, out, args.overwrite, resume=args.resume)
+            if not distributed.is_main():
+                return
+            _searched(cfg, result)
+            if distributed.launched() and cfg.race.enabled:
+                print("note: the race runs without torchrun: " + script_line("search.py", "--resume", "--out", out,
+                                                                             "--config", out / "config.yaml"))
+        if not race:
+            path = out / "genotype.json"
+            print("next: " + script_line("retrain.py", "--genotype", path, "--config", out / "config.yaml"))
+            if cfg.logging.tensorboard:  # else the folder holds no event files to show
+                print("      " + tensorboard_line(out) + "   # this search's alphas and curves (alphas.png in the folder too)")
             return
-        headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
-        se = result.valid.get(f"{headline}_stderr")
-        print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}"
-              + (f" ± {number(se)}" if se is not None else "") +
-              f" (an estimate on search.eval_windows={cfg.search.eval_windows} windows, ± one standard error over windows)\n"
-              f"wrote {result.path} ({result.wall_time_s:.1f} s)")
-        _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
-        selection = result.genotype.provenance["selection"]
-        if selection.get("skipped_batches"):
-            _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
-        _print_sites(result.genotype, result.path.parent)
-        print("next: " + script_line("retrain.py", "--genotype", result.path, "--config", result.path.parent / "config.yaml"))
-        if cfg.logging.tensorboard:  # else the folder holds no event files to show
-            print("      " + tensorboard_line(result.path.parent) + "   # this search's alphas and curves (alphas.png in the folder too)")
+        _race(cfg, out, args.workers)
 
     where: dict = {}  # the run folder, once known: the out-of-memory line's resume command
     return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None)
+
+
+def searched(out: Path) -> bool:
+    """True when ``out`` holds a finished search whose race is not finished (``--resume`` then
+    continues the race)."""
+    from .run_race import SUPERNET_FILE, finished_race
+
+    return ((out / "genotype.json").exists() or (out / SUPERNET_FILE).exists()) and finished_race(out) is None
+
+
+def _searched(cfg, result) -> None:
+    """After a search: its genotype, the supernet's valid estimate, the file, the sites."""
+    headline = next((k for k in ("bits_per_byte", "bits_per_char", "perplexity") if k in result.valid), "loss")
+    se = result.valid.get(f"{headline}_stderr")
+    print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}"
+          + (f" ± {number(se)}" if se is not None else "") +
+          f" (an estimate on search.eval_windows={cfg.search.eval_windows} windows, ± one standard error over windows)\n"
+          f"wrote {result.path} ({result.wall_time_s:.1f} s)")
+    _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
+    selection = result.genotype.provenance["selection"]
+    if selection.get("skipped_batches"):
+        _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
+    _print_sites(result.genotype, result.path.parent)
+
+
+def _race(cfg, out: Path, workers: int) -> None:
+    """The race after the search (:mod:`autoln.run_race`): its verdict and the next commands."""
+    from .run_race import RACE_DIR, run_race
+
+    out = Path(out)
+    print(f"racing the supernet's shortlist against the named placements in real retrains (race.enabled=false skips it) ...",
+          flush=True)
+    result = run_race(cfg, out, workers)
+    print(f"{result.verdict.line}\nwrote {result.genotype_path} (the answer; the supernet's read-off is in supernet_genotype.json), "
+          f"{result.record_path}" + (f", {out / RACE_DIR / 'race.png'}" if cfg.logging.tensorboard else "")
+          + f" ({result.record['wall_time_s']:.0f} s of retrains)")
+    print("next: " + script_line("retrain.py", "--genotype", result.genotype_path, "--config", out / "config.yaml",
+                                 "--set", f"retrain.seed={cfg.retrain.seed + 100}")
+          + "   # fresh seeds: the race's own flatter the winner")
+    if cfg.logging.tensorboard:
+        print("      " + tensorboard_line(out) + "   # the search's alphas, the race's retrains and its HParams table")
 
 
 def _print_sites(g, folder: Path) -> None:

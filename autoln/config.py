@@ -470,6 +470,35 @@ class TuneConfig:
 
 
 @dataclass
+class RaceConfig:
+    """The race that decides ``search.py``'s answer (docs/design.md §10, :mod:`autoln.race`): the
+    supernet's read-off, its argmax and its ``top_k`` whole genotypes by one-hot score race the
+    named placements of the searched candidates in real retrains (the ``retrain`` settings),
+    synchronous successive halving with ``eta`` and ``rungs`` ending at ``retrain.steps``, the
+    finalists at ``final_seeds`` seeds (``retrain.seed`` + 0, 1, ...); a searched finalist is the
+    answer only if it beats the best named one by a one-sided paired t-test at ``level``.
+    ``enabled: false`` gives the supernet's answer alone (no retrain). The race's study lives on
+    ``tune.storage`` (or a journal file in ``<search folder>/race``)."""
+
+    enabled: bool = True
+    top_k: int = 3
+    eta: int = 3
+    rungs: int = 3
+    final_seeds: int = 3
+    level: float = 0.05
+
+    def validate(self) -> None:
+        _non_negative(self, "race", ("top_k",))
+        _positive("race.rungs", self.rungs)
+        if self.eta < 2:
+            raise ConfigError(f"race.eta must be at least 2 (each rung keeps 1/eta of its entries), got {self.eta}")
+        if self.final_seeds < 2:
+            raise ConfigError(f"race.final_seeds must be at least 2 (the verdict is a paired test over seeds), got {self.final_seeds}")
+        if not 0 < self.level < 1:
+            raise ConfigError(f"race.level must be in (0, 1) (the paired t-test's level, e.g. 0.05), got {self.level}")
+
+
+@dataclass
 class CheckpointConfig:
     """``every``: steps between checkpoints of a search or retrain (besides those at each
     evaluation, at the end and on SIGINT/SIGTERM); 0 for none but those."""
@@ -507,6 +536,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    race: RaceConfig = field(default_factory=RaceConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -518,6 +548,7 @@ class Config:
         self.search.validate()
         self.retrain.validate()
         self.tune.validate()
+        self.race.validate()
         self.checkpoint.validate()
         self.logging.validate()
         for key, spec in self.tune.space.items():

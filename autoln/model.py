@@ -197,6 +197,7 @@ class Site(nn.Module):
                  bias: bool = True) -> None:
         super().__init__()
         check_site_args(candidates, d_model, n_layers, layer)
+        self.layer, self.n_layers = layer, n_layers  # the block (1-based) and the depth: Mix-LN's named placements
         self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer, bias) for n in candidates})
         #: The mixing weights ``(K,)`` of the current forward pass when the site is searched inside
         #: :class:`autoln.api.SearchModel` (which sets and clears it); None otherwise.

@@ -225,7 +225,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     loop = SearchLoop(model, sc, data, seed=sc.seed, callbacks=pieces, checkpointing=checkpointing,
                       weight_step=late_bound("weight_step") if sc.weight_mode == "mixed" else None,
                       perturbation_select=late_bound("perturbation_select"),
-                      score_select=late_bound("score_select"))
+                      score_select=late_bound("score_select"), shortlist=cfg.race.top_k if cfg.race.enabled else 0)
     resume_loop(loop, ckpt)
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
@@ -292,6 +292,9 @@ def search_provenance(cfg: Config, corpus, loop: SearchLoop, read_off: ReadOff, 
             "order": [loop.model.site_names[i] for i in sel.order], "windows": sc.selection_windows,
             "tune_steps": sc.selection_tune_steps, "unit": "nats/token", "fine_tuning_updates": read_off.fine_tuning_updates,
             "skipped_batches": read_off.fine_tuning_skipped})
+    if read_off.shortlist:
+        provenance["selection"]["shortlist"] = [{"placements": genotype_names(g, loop.model.candidates, mc.granularity),
+                                                 "choices": [int(c) for c in g], "loss": round(v, 6)} for g, v in read_off.shortlist]
     if read_off.scored is not None:
         scored = read_off.scored
         provenance["selection"].update({

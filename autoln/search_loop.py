@@ -139,6 +139,9 @@ class ReadOff:
         fine_tuning_updates: bilevel steps of perturbation's fine-tuning.
         fine_tuning_skipped: of those, the ones skipped as non-finite.
         early: ``{"stopped_at_step", "genotype_from_step"}`` after R-DARTS' early stop, else None.
+        shortlist: the supernet's best whole genotypes by one-hot score, ``(choices, loss in
+            nats/token)`` best first, scored before the read-off changed any weight (the race's
+            pool, :mod:`autoln.race`); empty unless the loop was asked for them.
     """
 
     choices: list[int]
@@ -151,6 +154,7 @@ class ReadOff:
     fine_tuning_updates: int = 0
     fine_tuning_skipped: int = 0
     early: Optional[dict] = None
+    shortlist: list = field(default_factory=list)
 
 
 def new_state() -> dict:
@@ -193,6 +197,7 @@ class SearchLoop:
     weight_step: Optional[Callable] = None
     perturbation_select: Callable = perturbation_select
     score_select: Callable = score_select
+    shortlist: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_step is None:
@@ -287,6 +292,7 @@ class SearchLoop:
     def read_off(self) -> ReadOff:
         """The genotype per ``sc.selection`` (argmax of the pre-rise alphas after an early stop)."""
         sc, stopped = self.sc, self.state["stopped_at"]
+        shortlist = self.scored_shortlist() if self.shortlist and sc.selection != "score" else []
         if stopped is not None:  # R-DARTS returns the architecture from before the rise, as it was then
             step, probs = self.state["early"]  # set by the piece that stopped it (the collapse monitor)
             probs = np.asarray(probs, dtype=np.float64)
@@ -302,8 +308,28 @@ class SearchLoop:
             out = ReadOff(choices, self.model.probabilities(), "argmax", sc.steps)
         if out.method != "argmax" and self.data.valid is not None:
             out.selected_valid = self.data.valid()
+        out.shortlist = shortlist or (out.scored.top[:self.shortlist] if out.scored is not None else [])
         self.emit("on_read_off", out)
         return out
+
+    def scored_shortlist(self) -> list:
+        """The best :attr:`shortlist` whole genotypes of the trained supernet by one-hot score
+        (:func:`autoln.selection.score_select` on the read-off's windows), before any read-off
+        changes a weight; the model is left unprojected."""
+        where = "while scoring the race's shortlist (which starts again from the checkpoint of the search's last step)"
+        self.set_stop_when(where)
+        self.emit("on_selection_start", None, "scoring the shortlist", "genotype")
+
+        def scored_one(_: int) -> None:
+            self.emit("on_decided")
+            self.stop_if_signalled(where)
+
+        try:
+            scored = self.score_select(self.model, self.data.selection_loss, self.seed, progress=scored_one)
+        finally:
+            self.model.projected = {}
+            self.emit("on_selection_end")
+        return scored.top[:self.shortlist]
 
     def perturbation(self) -> ReadOff:
         """DARTS-PT (Wang et al. 2021): every site decided in a random order drawn from the seed,

@@ -332,7 +332,7 @@ def study_config(cfg: Config) -> dict[str, Any]:
     and ``logging``)."""
     flat = {}
     for section, values in cfg.to_dict().items():
-        if section == "logging":
+        if section in ("logging", "race"):  # how the answer is shown and decided after a search, not what a trial measures
             continue
         for key, value in values.items():
             if f"{section}.{key}" not in RESUMABLE_KEYS:

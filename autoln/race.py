@@ -1,0 +1,300 @@
+"""The race: the supernet shortlists, real retrains decide (docs/design.md §10).
+
+The rule, and only the rule, lives here: pure functions of the measurements so far, shared by
+``search.py``'s race (run through an Optuna study, :mod:`autoln.run_race`), the API's
+(:func:`autoln.race_genotypes`) and the replay of a race from a table of retrains
+(``experiments/race_replay.py``). Lower values are better throughout (a valid loss, bits per byte).
+
+- **Pool.** Entries, each a genotype (its placements, the identity: a genotype is entered once)
+  of kind ``searched`` (the supernet's read-off, its argmax, its top ``k`` by one-hot score) or
+  ``named`` (the uniform placements of the candidates, ``mix-ln``, ``pre-post``; in a user's
+  model its ``own`` placement, which is named and always a finalist). A searched genotype equal
+  to a named one is entered as the named one (simpler, and known).
+- **Rungs.** Successive halving (Jamieson & Talwalkar 2016), synchronous: rung ``k`` of ``R``
+  retrains each surviving entry from scratch at ``full_steps / eta^(R-1-k)`` steps (seed index
+  0); the best ``ceil(n / eta)`` survive, and the best searched and the best named entry always
+  do (the verdict needs both). Learning curves cross (Wu et al. 2018), so a short rung only
+  prunes; it never answers.
+- **Final rung.** The best searched entry and the best named one of the rung before (and the
+  model's own placement, when it is in the pool) at ``full_steps``, ``final_seeds`` seeds each.
+  A pool of two or three entries goes to the final rung directly.
+- **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
+  must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
+  same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
+  modded-nanogpt accepts a record. Otherwise the named placement is the answer and the verdict
+  says the searched genotype tied. A diverged run (NaN or inf) counts as infinitely bad.
+
+Why not an Optuna pruner: Optuna's pruners decide one trial at the moment it reports, and a
+trial cannot be suspended and resumed (the reason Optuna's own ``SuccessiveHalvingPruner`` is
+the asynchronous ASHA, whose promotions depend on the order in which trials report).
+Synchronous halving needs every entry of a rung measured before any is promoted, so the race's
+trials are its retrains (one trial per entry, rung and seed, enqueued when the rung before is
+complete) and :func:`plan` decides from their values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+KINDS = ("searched", "named")
+
+
+@dataclass(frozen=True)
+class RaceRule:
+    """The race's settings: ``eta`` (each rung keeps ``ceil(n / eta)``), ``rungs`` (``R``, the
+    last at the full budget), ``final_seeds`` (seeds of each finalist at the full budget, at
+    least 2) and ``level`` (of the one-sided paired t-test a searched finalist must pass).
+
+    Raises:
+        ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2 or ``level`` outside (0, 1)."""
+
+    eta: int = 3
+    rungs: int = 3
+    final_seeds: int = 3
+    level: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.eta < 2 or self.rungs < 1 or self.final_seeds < 2 or not 0 < self.level < 1:
+            raise ValueError(f"race rule: needs eta >= 2, rungs >= 1, final_seeds >= 2 and 0 < level < 1; got eta {self.eta}, "
+                             f"rungs {self.rungs}, final_seeds {self.final_seeds}, level {self.level}")
+
+    def describe(self) -> str:
+        """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
+        return (f"synchronous successive halving, eta {self.eta}, {self.rungs} rungs ending at the full retrain budget; "
+                f"the best searched and the best named entry always survive; finalists at {self.final_seeds} seeds; "
+                f"a searched finalist is the answer only if it beats the best named finalist by a one-sided paired t-test "
+                f"at level {self.level}, else the named placement is")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One genotype of the pool: ``name`` (``read-off``, ``argmax``, ``top2``, ``all-pre``,
+    ``own`` ...), ``placements`` (its identity, e.g. ``post pre pre``), ``kind`` (``searched`` or
+    ``named``) and ``own`` (the model's own placement: always a finalist)."""
+
+    name: str
+    placements: str
+    kind: str
+    own: bool = False
+
+    @property
+    def named(self) -> bool:
+        """True for a named placement (the model's own included)."""
+        return self.kind == "named"
+
+
+def make_pool(searched: Sequence[tuple[str, str]], named: Sequence[tuple[str, str]],
+              own: Optional[tuple[str, str]] = None) -> tuple[list[Entry], dict[str, str]]:
+    """The pool: ``own`` first, then ``named``, then ``searched`` (each ``(name, placements)``),
+    every placement once. Returns ``(entries, aliases)``: ``aliases`` maps each dropped name to
+    the entry that holds its placements (``{"read-off": "all-pre"}``: the read-off *is* all-pre).
+
+    Raises:
+        ValueError: an empty pool, or two entries of one name."""
+    entries: list[Entry] = []
+    by_placements: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    items = ([(own[0], own[1], "named", True)] if own else []) + [(n, p, "named", False) for n, p in named] \
+        + [(n, p, "searched", False) for n, p in searched]
+    names = [n for n, *_ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"race pool: two entries share a name: {names}")
+    for name, placements, kind, is_own in items:
+        if placements in by_placements:
+            aliases[name] = by_placements[placements]
+            continue
+        by_placements[placements] = name
+        entries.append(Entry(name, placements, kind, is_own))
+    if not entries:
+        raise ValueError("race pool: no entry")
+    return entries, aliases
+
+
+def rung_steps(full_steps: int, rule: RaceRule) -> list[int]:
+    """Steps of each rung: ``full_steps / eta^(R-1-k)`` rounded, at least 1, distinct, the last
+    ``full_steps``. E.g. ``(1000, eta 3, 3 rungs) -> [111, 333, 1000]``.
+
+    Raises:
+        ValueError: ``full_steps`` < 1."""
+    if full_steps < 1:
+        raise ValueError(f"race: the full budget must be at least 1 step, got {full_steps}")
+    steps = [max(1, round(full_steps / rule.eta ** (rule.rungs - 1 - k))) for k in range(rule.rungs)]
+    return sorted(set(steps))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One retrain of the race: ``entry`` (a name) at ``steps`` with seed index ``seed`` (the
+    retrain's seed is the race's base seed plus this)."""
+
+    entry: str
+    steps: int
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """``(entry, steps, seed)``: how a measurement is found."""
+        return (self.entry, self.steps, self.seed)
+
+
+Values = Mapping[tuple[str, int, int], float]
+
+
+def score(value: float) -> float:
+    """A measurement as the race ranks it: NaN and inf (a diverged run) are ``inf``."""
+    return value if math.isfinite(value) else math.inf
+
+
+def promote(alive: Sequence[Entry], values: Mapping[str, float], eta: int, final: bool) -> list[Entry]:
+    """The survivors of one rung (``values``: entry name -> its value there), in pool order.
+    To the final rung: the best searched entry, the best named one and the model's own (when
+    the pool has no searched entry, the two best named ones). Otherwise the best
+    ``ceil(n / eta)`` plus those. Ties rank by pool order."""
+    ranked = sorted(alive, key=lambda e: (score(values[e.name]), alive.index(e)))
+    keep = set() if final else {e.name for e in ranked[:math.ceil(len(ranked) / eta)]}
+    searched = [e for e in ranked if not e.named]
+    named = [e for e in ranked if e.named]
+    keep |= {group[0].name for group in (searched, named) if group}
+    keep |= {e.name for e in alive if e.own}
+    if final and not searched:
+        keep |= {e.name for e in named[:2]}
+    return [e for e in alive if e.name in keep]
+
+
+@dataclass
+class Plan:
+    """Where the race stands: ``pending`` (the jobs of the current rung not yet measured),
+    ``rungs`` (per rung reached: its steps, the entries run there and the survivors), ``done``
+    and, when done, the ``finalists``."""
+
+    pending: list[Job]
+    rungs: list[dict] = field(default_factory=list)
+    done: bool = False
+    finalists: list[Entry] = field(default_factory=list)
+
+
+def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
+    """What the race runs next, from the measurements so far (``values``: ``Job.key`` ->
+    value): deterministic, so a resumed race and every worker on one storage agree.
+
+    Rung ``k < R-1`` runs every surviving entry at seed 0 and promotes with
+    :func:`promote`; when three or fewer entries survive, the race goes to the final rung.
+    The final rung runs the finalists at ``full_steps`` for seeds ``0..final_seeds-1``."""
+    steps = rung_steps(full_steps, rule)
+    alive = list(entries)
+    history: list[dict] = []
+    for s in steps[:-1]:
+        if len(alive) <= 3:
+            break
+        history.append({"steps": s, "entries": [e.name for e in alive]})
+        missing = [Job(e.name, s, 0) for e in alive if (e.name, s, 0) not in values]
+        if missing:
+            return Plan(missing, history)
+        at = {e.name: values[(e.name, s, 0)] for e in alive}
+        survivors = promote(alive, at, rule.eta, final=False)
+        to_final = s == steps[-2] or len(survivors) <= 3
+        alive = promote(alive, at, rule.eta, final=True) if to_final else survivors
+        history[-1]["survivors"] = [e.name for e in alive]
+        if to_final:
+            break
+    jobs = [Job(e.name, full_steps, i) for i in range(rule.final_seeds) for e in alive]
+    history.append({"steps": full_steps, "entries": [e.name for e in alive], "seeds": rule.final_seeds})
+    missing = [j for j in jobs if j.key not in values]
+    return Plan(missing, history, done=not missing, finalists=alive)
+
+
+@dataclass
+class Verdict:
+    """The race's answer: ``answer`` (the entry), ``line`` (what the user reads), ``searched``
+    and ``named`` (the best finalist of each kind, None when absent), their values per seed,
+    ``p_value`` (of the paired test, None without one) and ``outcome``: ``searched-wins``,
+    ``named-wins`` (a named finalist had the better mean) or ``tie`` (the searched one led
+    without passing the test)."""
+
+    answer: Entry
+    line: str
+    outcome: str
+    searched: Optional[Entry] = None
+    named: Optional[Entry] = None
+    values: dict[str, list[float]] = field(default_factory=dict)
+    p_value: Optional[float] = None
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """``(mean, sample std)`` with a diverged value making the mean ``inf``."""
+    xs = [score(v) for v in values]
+    if any(math.isinf(x) for x in xs):
+        return math.inf, 0.0
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """One-sided paired t-test of ``a < b`` (values per seed, paired by position):
+    ``scipy.stats.ttest_rel(a, b, alternative="less")``'s p-value. When every difference is
+    equal (no spread) it is 0 if ``a`` is lower, else 1; a diverged value of ``a`` gives 1, of
+    ``b`` alone 0."""
+    from scipy.stats import ttest_rel
+
+    a, b = [score(v) for v in a], [score(v) for v in b]
+    if any(math.isinf(x) for x in a):
+        return 1.0
+    if any(math.isinf(x) for x in b):
+        return 0.0
+    diffs = [x - y for x, y in zip(a, b)]
+    if max(diffs) == min(diffs):
+        return 0.0 if diffs[0] < 0 else 1.0
+    return float(ttest_rel(a, b, alternative="less").pvalue)
+
+
+def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
+    """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
+    in the line (e.g. ``bits/byte``).
+
+    Raises:
+        KeyError: a finalist's seed not measured."""
+    per = {e.name: [values[(e.name, full_steps, i)] for i in range(rule.final_seeds)] for e in finalists}
+    rank = sorted(finalists, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
+    searched = next((e for e in rank if not e.named), None)
+    named = next((e for e in rank if e.named), None)
+    u = f" {unit}" if unit else ""
+
+    def shown(e: Entry) -> str:
+        m, sd = mean_sd(per[e.name])
+        return f"{e.name} {m:.4f} ± {sd:.4f}" if math.isfinite(m) else f"{e.name} diverged"
+
+    at = f"at {full_steps} steps, {rule.final_seeds} seeds"
+    if named is None:  # no named placement in the pool: the best searched finalist
+        return Verdict(rank[0], f"answer: {rank[0].name} ({rank[0].placements}; no named placement raced; {shown(rank[0])}{u} {at})",
+                       "searched-wins", searched, None, per)
+    if searched is None:
+        return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
+                       "named-wins", None, named, per)
+    p = paired_p(per[searched.name], per[named.name])
+    if rank[0] is named or not math.isfinite(mean_sd(per[searched.name])[0]):
+        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
+                              f"{shown(named)}{u})", "named-wins", searched, named, per, p)
+    if p < rule.level:
+        return Verdict(searched, f"answer: {searched.name} = {searched.placements} (beats {named.name} {at}: {shown(searched)}, "
+                                 f"{shown(named)}{u}; one-sided paired t-test p = {p:.3g} < {rule.level})",
+                       "searched-wins", searched, named, per, p)
+    return Verdict(named, f"answer: {named.name} (the searched {searched.name} tied with it {at}: {shown(searched)}, {shown(named)}{u}; "
+                          f"one-sided paired t-test p = {p:.3g}, not below {rule.level}: the named placement is simpler and known)",
+                   "tie", searched, named, per, p)
+
+
+def run(entries: Sequence[Entry], full_steps: int, rule: RaceRule, measure: Callable[[Job], float],
+        values: Optional[dict] = None) -> tuple[Plan, dict]:
+    """Run the race in this process: measure every pending job of :func:`plan` in order until
+    it is done. ``measure(job)`` retrains and returns the value (NaN for a diverged run);
+    ``values`` holds measurements already made (reused, and filled in). Returns the final
+    :class:`Plan` and the values."""
+    values = {} if values is None else values
+    while True:
+        p = plan(entries, values, full_steps, rule)
+        if p.done:
+            return p, values
+        for job in p.pending:
+            values[job.key] = float(measure(job))
