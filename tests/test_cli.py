@@ -157,7 +157,7 @@ def test_retrain_bad_genotype(tmp_path):
 def test_wikitext2_search_and_retrain(tmp_path, tokenizer, metric):
     corpus = str(shared_path("wikitext-2"))
     cache = str(tmp_path / "cache")
-    sets = ["--set", f"data.corpus={corpus}", "--set", f"data.tokenizer={tokenizer}", "--set", "search.steps=20",
+    sets = ["--set", "race.enabled=false", "--set", f"data.corpus={corpus}", "--set", f"data.tokenizer={tokenizer}", "--set", "search.steps=20",
             "--set", "search.arch_warmup_steps=4", "--set", "retrain.steps=20", "--set", "search.eval_every=10", "--set", "retrain.eval_every=10"]
     run("search.py", "--config", TINY, *sets, "--out", str(tmp_path / "s"), cache=cache)
     g = Genotype.load(tmp_path / "s" / "genotype.json")
@@ -178,7 +178,7 @@ def test_wikitext2_search_and_retrain(tmp_path, tokenizer, metric):
      "search.eval_every=5", "search.eval_windows=4", "search.monitor_windows=2", "model.granularity=sublayer"],  # R-DARTS needs 7 evaluations
 ], ids=["order2", "gumbel", "gumbel-hard", "sigmoid", "regularised"])
 def test_search_options_run_to_a_valid_genotype(tmp_path, sets):
-    args = [a for s in ["search.steps=40", "search.eval_every=20", *sets] for a in ("--set", s)]
+    args = [a for s in ["race.enabled=false", "search.steps=40", "search.eval_every=20", *sets] for a in ("--set", s)]
     run("search.py", "--config", TINY, *args, "--out", str(tmp_path / "s"), cache=str(tmp_path / "c"))
     g = Genotype.load(tmp_path / "s" / "genotype.json")
     assert len(g.placements) == 2
@@ -252,7 +252,7 @@ def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path, c
     evaluation instead, in one unit."""
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
-    common = ["--config", TINY, "--set", f"data.corpus={text}", "--set", f"data.cache_dir={tmp_path / 'c'}",
+    common = ["--config", TINY, "--set", "race.enabled=false", "--set", f"data.corpus={text}", "--set", f"data.cache_dir={tmp_path / 'c'}",
               "--set", "logging.tensorboard=false", "--set", "logging.progress=true"]
     assert cli.search_main([*common, "--set", "search.steps=20", "--set", "search.eval_every=10", "--set", "search.arch_warmup_steps=4",
                             "--set", "search.selection=argmax", "--out", str(tmp_path / "s")]) == 0

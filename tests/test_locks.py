@@ -76,7 +76,7 @@ def test_a_second_launch_on_a_folder_in_use_exits_2_and_the_first_ends_undisturb
     cache = str(tmp_path / "cache")
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 3, encoding="utf-8")
-    short = ["--config", TINY, "--set", "logging.tensorboard=false", "--set", f"data.corpus={text}"]
+    short = ["--config", TINY, "--set", "race.enabled=false", "--set", "logging.tensorboard=false", "--set", f"data.corpus={text}"]
     firsts = {
         "search": ["search.py", *short, "--set", "search.steps=60", "--set", "search.eval_every=30", "--set",
                    "search.selection=argmax"],

@@ -32,7 +32,7 @@ TINY = str(ROOT / "configs" / "tiny.yaml")
 SHORT_RETRAIN = ["--set", "retrain.steps=2", "--set", "retrain.eval_every=2", "--set", "retrain.eval_windows=2",
                  "--set", "retrain.final_eval_windows=2", "--set", "retrain.warmup_steps=0"]
 #: A search of 8 steps read off by argmax (its config.yaml carries the short retrain for next: lines).
-SHORT_SEARCH = ["--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4",
+SHORT_SEARCH = ["--set", "race.enabled=false", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4",
                 "--set", "search.selection=argmax", *SHORT_RETRAIN]
 OOM = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes."
 

@@ -28,7 +28,7 @@ from autoln.model import TransformerLM
 from .conftest import ROOT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-SEARCH = ["--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_lr=0.01", "--set", "search.arch_warmup_steps=10"]
+SEARCH = ["--set", "race.enabled=false", "--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_lr=0.01", "--set", "search.arch_warmup_steps=10"]
 RETRAIN = ["--set", "retrain.steps=48", "--set", "retrain.eval_every=16", "--set", "retrain.final_eval_windows=8"]
 COMMON = ["--config", TINY, "--set", "checkpoint.every=4", "--set", "logging.progress=false", "--set", "logging.log_every=2"]
 
@@ -139,12 +139,12 @@ def test_retrain_killed_or_terminated_resumes_bitwise(tmp_path):
 def test_resume_of_a_finished_or_missing_run_and_a_different_config(tmp_path):
     cache = str(tmp_path / "cache")
     out = tmp_path / "s"
-    run(command("search.py", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4", "--out", str(out)), cache)
-    proc = subprocess.run(command("search.py", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--out", str(out), "--resume"),
+    run(command("search.py", "--set", "race.enabled=false", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4", "--out", str(out)), cache)
+    proc = subprocess.run(command("search.py", "--set", "race.enabled=false", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--out", str(out), "--resume"),
                           capture_output=True, text=True, env=env(cache), cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "finished search" in proc.stderr
     (out / "genotype.json").unlink()  # as if killed after its last checkpoint
-    proc = subprocess.run(command("search.py", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4", "--set",
+    proc = subprocess.run(command("search.py", "--set", "race.enabled=false", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4", "--set",
                                   "search.lr=0.01", "--set", "model.d_ff=64", "--out", str(out), "--resume"),
                           capture_output=True, text=True, env=env(cache), cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "search.lr (checkpoint 0.002, now 0.01)" in proc.stderr and "model.d_ff" in proc.stderr
@@ -220,7 +220,7 @@ def test_divergence_through_the_command_line(tmp_path):
     assert proc.returncode == 3 and "retrain diverged at step" in proc.stderr and "Traceback" not in proc.stderr
     assert "checkpoint" in proc.stderr and not (tmp_path / "stop" / "metrics.json").exists()
     # the search goes on too: its monitor meets a non-finite alpha Hessian and records NaN
-    proc = run(command("search.py", "--set", "search.lr=1000", "--set", "search.warmup_steps=0", "--set", "search.grad_clip=0",
+    proc = run(command("search.py", "--set", "race.enabled=false", "--set", "search.lr=1000", "--set", "search.warmup_steps=0", "--set", "search.grad_clip=0",
                        "--set", "search.steps=20", "--set", "search.arch_warmup_steps=5", "--set", "search.eval_every=10",
                        "--set", "search.on_divergence=skip_batch",
                        "--out", str(tmp_path / "search-skip")), cache)

@@ -24,7 +24,7 @@ from autoln.config import load_config
 from .conftest import ROOT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-SEARCH = ["--config", TINY, "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4",
+SEARCH = ["--config", TINY, "--set", "race.enabled=false", "--set", "search.steps=8", "--set", "search.arch_warmup_steps=2", "--set", "search.eval_every=4",
           "--set", "search.selection=argmax", "--set", "logging.progress=false", "--set", "logging.tensorboard=false"]
 RETRAIN = ["--genotype", "all-pre", "--set", "retrain.steps=8", "--set", "retrain.eval_every=4", "--set", "logging.progress=false",
            "--set", "logging.tensorboard=false"]

@@ -25,7 +25,7 @@ from .conftest import ROOT
 resource = pytest.importorskip("resource", reason="RLIMIT_FSIZE needs POSIX")
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-SHORT = ["--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_warmup_steps=10",
+SHORT = ["--set", "race.enabled=false", "--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "search.arch_warmup_steps=10",
          "--set", "search.selection=argmax", "--set", "logging.progress=false"]
 
 #: Runs one command (``search`` or ``retrain``) with ``RLIMIT_FSIZE`` lowered to 64 bytes at the

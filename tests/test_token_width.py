@@ -223,7 +223,7 @@ def test_the_search_command_refuses_a_misfit_width_with_exit_2_and_one_line(tmp_
     and no run folder (bad input is refused before anything is written)."""
     folder = token_folder(tmp_path, big_ids(4_000, 10, 32_000), big_ids(1_000, 11, 32_000), {"vocab_size": 32_000})
     out = tmp_path / "run"
-    code = cli.search_main(["--config", TINY, "--set", f"data.corpus={folder}", "--set", f"data.cache_dir={tmp_path / 'c'}",
+    code = cli.search_main(["--config", TINY, "--set", "race.enabled=false", "--set", f"data.corpus={folder}", "--set", f"data.cache_dir={tmp_path / 'c'}",
                             "--set", "logging.progress=false", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not out.exists()

@@ -1,0 +1,259 @@
+"""The race (autoln.race: the rule; autoln.run_race: search.py's race on an Optuna study;
+autoln.race_genotypes: a user's model): a rule counted by hand, rigged evaluations, a stop and
+resume, two workers on one storage."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autoln import cli, run_race
+from autoln.config import load_config
+from autoln.genotype import Genotype
+from autoln.race import Entry, Job, RaceRule, make_pool, paired_p, plan, promote, rung_steps, run, verdict
+from autoln.run_search import run_search
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+# --- the rule, counted by hand -------------------------------------------------------------------
+
+
+def test_rung_steps_end_at_the_full_budget():
+    assert rung_steps(1000, RaceRule()) == [111, 333, 1000]
+    assert rung_steps(500, RaceRule()) == [56, 167, 500]
+    assert rung_steps(150, RaceRule(eta=2, rungs=4)) == [19, 38, 75, 150]
+    assert rung_steps(2, RaceRule()) == [1, 2]  # rungs of one step merge
+    with pytest.raises(ValueError, match="final_seeds >= 2"):
+        RaceRule(final_seeds=1)
+
+
+def test_pool_enters_each_genotype_once_the_named_one_first():
+    entries, aliases = make_pool([("read-off", "post pre"), ("argmax", "pre pre"), ("top1", "post post")],
+                                 [("all-pre", "pre pre"), ("mix-ln", "post pre")], own=("own", "pre post"))
+    assert [(e.name, e.kind, e.own) for e in entries] == [("own", "named", True), ("all-pre", "named", False),
+                                                          ("mix-ln", "named", False), ("top1", "searched", False)]
+    assert aliases == {"read-off": "mix-ln", "argmax": "all-pre"}
+    with pytest.raises(ValueError, match="share a name"):
+        make_pool([("a", "x")], [("a", "y")])
+
+
+def test_promotion_keeps_the_best_of_each_kind_and_the_own():
+    e = [Entry("n1", "a", "named"), Entry("n2", "b", "named"), Entry("s1", "c", "searched"), Entry("s2", "d", "searched"),
+         Entry("own", "e", "named", own=True), Entry("s3", "f", "searched")]
+    v = {"n1": 1.0, "n2": 2.0, "s1": 5.0, "s2": 4.0, "own": 9.0, "s3": math.nan}
+    # ceil(6 / 3) = 2 best (n1, n2), plus the best searched (s2) and the own placement
+    assert [x.name for x in promote(e, v, 3, final=False)] == ["n1", "n2", "s2", "own"]
+    assert [x.name for x in promote(e, v, 3, final=True)] == ["n1", "s2", "own"]
+
+
+#: A table counted by hand: 7 entries, 1000 steps, eta 3: rung 111 keeps ceil(7/3) = 3 (all-post,
+#: mix-ln, top1) and the best named is among them; 3 survivors go straight to the final rung as
+#: the best searched (top1) and the best named (all-post).
+TABLE = {
+    ("all-pre", 111, 0): 3.10, ("all-post", 111, 0): 2.90, ("all-deepnorm", 111, 0): 3.30, ("mix-ln", 111, 0): 2.95,
+    ("pre-post", 111, 0): 3.20, ("read-off", 111, 0): 3.40, ("top1", 111, 0): 3.00,
+    ("all-post", 1000, 0): 2.336, ("all-post", 1000, 1): 2.331, ("all-post", 1000, 2): 2.341,
+    ("top1", 1000, 0): 2.320, ("top1", 1000, 1): 2.322, ("top1", 1000, 2): 2.318,
+}
+POOL = [Entry(n, p, "named") for n, p in (("all-pre", "a"), ("all-post", "b"), ("all-deepnorm", "c"), ("mix-ln", "d"),
+                                           ("pre-post", "e"))] + [Entry("read-off", "f", "searched"), Entry("top1", "g", "searched")]
+
+
+def test_the_rule_against_a_table_counted_by_hand():
+    rule = RaceRule()
+    first = plan(POOL, {}, 1000, rule)
+    assert [j.key for j in first.pending] == [(e.name, 111, 0) for e in POOL] and not first.done
+    done = plan(POOL, TABLE, 1000, rule)
+    assert done.done and [e.name for e in done.finalists] == ["all-post", "top1"]
+    assert done.rungs[0]["survivors"] == ["all-post", "top1"] and done.rungs[1] == {"steps": 1000, "entries": ["all-post", "top1"], "seeds": 3}
+    v = verdict(done.finalists, TABLE, 1000, rule, "bits/byte")
+    # differences top1 - all-post: -0.016, -0.009, -0.023: mean -0.016, sd 0.007, t = -0.016 / (0.007 / sqrt 3) = -3.959;
+    # one-sided p of Student's t with 2 degrees of freedom at -3.959: 0.5 * (1 - t / sqrt(t^2 + 2)) = 0.02913
+    assert v.p_value == pytest.approx(0.5 * (1 - 3.959 / math.sqrt(3.959 ** 2 + 2)), abs=2e-4)
+    assert v.answer.name == "top1" and v.outcome == "searched-wins"
+    assert v.line.startswith("answer: top1 = g (beats all-post at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, all-post 2.3360 ± 0.0050")
+    strict = verdict(done.finalists, TABLE, 1000, RaceRule(level=0.01), "bits/byte")  # the same values at a stricter level: a tie
+    assert strict.answer.name == "all-post" and strict.outcome == "tie" and "tied with it" in strict.line
+    measured = []
+    p, values = run(POOL, 1000, rule, lambda job: measured.append(job.key) or TABLE[job.key])
+    assert p.done and sorted(measured) == sorted(TABLE) and values == TABLE  # exactly the table's retrains, once each
+
+
+def test_paired_p_edge_cases():
+    assert paired_p([1, 2, 3], [2, 3, 4]) == 0.0  # every difference -1: no spread, a lower a
+    assert paired_p([2, 3, 4], [1, 2, 3]) == 1.0
+    assert paired_p([1, math.nan, 1], [2, 2, 2]) == 1.0  # a diverged run of the searched side never wins
+    assert paired_p([1, 1, 1.1], [2, math.inf, 2]) == 0.0
+
+
+# --- search.py's race on the tiny config -----------------------------------------------------------
+
+
+def tiny(tmp, *sets):
+    text = tmp / "text.txt"
+    if not text.exists():
+        text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 3, encoding="utf-8")
+    return ["--config", TINY, "--set", f"data.corpus={text}", "--set", f"data.cache_dir={tmp / 'cache'}",
+            "--set", "search.steps=30", "--set", "search.eval_every=15", "--set", "search.arch_warmup_steps=6",
+            "--set", "retrain.steps=30", "--set", "retrain.eval_every=15", "--set", "logging.progress=false", *sets]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A finished tiny search (its race not run): the folder and its command-line arguments."""
+    tmp = tmp_path_factory.mktemp("race")
+    args = tiny(tmp)
+    sets = [a for a in args[2:] if a != "--set"]
+    cfg = load_config(TINY, sets)
+    run_search(cfg, tmp / "search")
+    return tmp, args
+
+
+def copy(searched, name: str) -> Path:
+    tmp, _ = searched
+    shutil.copytree(tmp / "search", tmp / name)
+    return tmp / name
+
+
+def rigged(monkeypatch, values: dict[str, float]) -> list:
+    """run_job returns ``values[entry]`` (plus a tiny per-seed wobble) instead of retraining."""
+    calls = []
+
+    def fake(setup, job):
+        calls.append(job.key)
+        return values.get(job.entry, 9.0) + 0.001 * ((job.seed * 7) % 3), {"run": "rigged", "wall_time_s": 0.0}
+    monkeypatch.setattr(run_race, "run_job", fake)
+    return calls
+
+
+def test_a_rigged_baseline_win_is_the_answer_and_says_so(searched, monkeypatch, capsys):
+    out = copy(searched, "baseline-wins")
+    rigged(monkeypatch, {"all-deepnorm": 1.0})
+    assert cli.search_main([*searched[1], "--out", str(out), "--resume"]) == 0
+    text = capsys.readouterr().out
+    assert "answer: all-deepnorm (no searched placement beat it at 30 steps" in text
+    g = Genotype.load(out / "genotype.json")
+    assert g.describe() == "deepnorm deepnorm" and g.provenance["race"]["answer"] == "all-deepnorm"
+    assert g.provenance["race"]["outcome"] == "named-wins" and (out / "supernet_genotype.json").exists()
+    record = json.loads((out / "race" / "race.json").read_text())
+    assert record["verdict"]["answer"] == "all-deepnorm" and record["rule"].startswith("synchronous successive halving")
+    assert (out / "race" / "race.png").stat().st_size > 1000
+    # retrain.py takes the answer as it is
+    assert cli.retrain_main(["--genotype", str(out / "genotype.json"), *searched[1], "--set", "retrain.steps=2",
+                             "--set", "retrain.eval_every=2", "--set", "retrain.warmup_steps=0", "--out", str(out / "retrain")]) == 0
+
+
+def test_a_searched_genotype_that_wins_beyond_the_rule_is_the_answer(searched, monkeypatch, capsys):
+    out = copy(searched, "searched-wins")
+    record = Genotype.load(out / "genotype.json").describe()
+    named = {"all-pre": 3.0, "all-post": 3.1, "all-deepnorm": 3.2, "mix-ln": 3.3, "pre-post": 3.4}
+    rigged(monkeypatch, {**named, "read-off": 2.0, "argmax": 2.0, "top1": 2.0, "top2": 2.0, "top3": 2.0})
+    assert cli.search_main([*searched[1], "--out", str(out), "--resume"]) == 0
+    g = Genotype.load(out / "genotype.json")
+    race = g.provenance["race"]
+    assert race["outcome"] == "searched-wins" and race["p_value"] < 0.05 and not race["answer"].startswith("all-")
+    assert "beats all-pre at 30 steps" in capsys.readouterr().out
+    if record not in {"pre pre", "post post", "deepnorm deepnorm", "post pre", "pre post"}:
+        assert race["answer"] == "read-off" and g.describe() == record
+
+
+@pytest.fixture(scope="module")
+def whole(searched):
+    """The race of the tiny search run without a stop, by one worker."""
+    out = copy(searched, "whole")
+    subprocess.run([sys.executable, str(ROOT / "search.py"), *searched[1], "--resume", "--out", str(out)], check=True,
+                   capture_output=True, cwd=ROOT, timeout=600)
+    return out
+
+
+def test_a_stopped_race_resumes_to_the_same_answer(searched, whole):
+    stopped = copy(searched, "stopped")
+    cmd = [sys.executable, str(ROOT / "search.py"), *searched[1], "--resume"]
+    proc = subprocess.Popen([*cmd, "--out", str(stopped)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((stopped / "race" / "logs").glob("*.txt"))) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-2000:]
+    assert not (stopped / "race" / "race.json").exists()
+    again = subprocess.run([*cmd, "--out", str(stopped)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = (json.loads((f / "race" / "race.json").read_text()) for f in (whole, stopped))
+    assert a["verdict"] == b["verdict"]
+    assert [(j["entry"], j["steps"], j["seed"], j["value"]) for j in a["jobs"]] == \
+           [(j["entry"], j["steps"], j["seed"], j["value"]) for j in b["jobs"]]
+
+
+def test_two_workers_on_one_storage_run_each_retrain_once(searched, whole):
+    two = copy(searched, "two")
+    cmd = [sys.executable, str(ROOT / "search.py"), *searched[1], "--resume"]
+    proc = subprocess.run([*cmd, "--out", str(two), "--workers", "2"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = (json.loads((f / "race" / "race.json").read_text()) for f in (whole, two))
+    assert [(j["entry"], j["steps"], j["seed"]) for j in a["jobs"]] == [(j["entry"], j["steps"], j["seed"]) for j in b["jobs"]]
+    for x, y in zip(a["jobs"], b["jobs"]):  # one thread each instead of two: equal up to the order of float sums
+        assert x["value"] == pytest.approx(y["value"], rel=1e-4)
+    logs = sorted(p.name for p in (two / "race" / "logs").glob("*.txt"))
+    assert len(logs) == len(b["jobs"])  # every retrain ran in one worker, once
+
+
+def test_race_settings_are_checked_by_name(tmp_path):
+    from autoln.errors import ConfigError
+
+    for key, value, words in (("race.final_seeds", 1, "race.final_seeds must be at least 2"),
+                              ("race.eta", 1, "race.eta must be at least 2"), ("race.level", 1.5, "race.level must be in (0, 1)")):
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            load_config(TINY, [f"{key}={value}"])
+
+
+# --- the API's race on a user's model ----------------------------------------------------------------
+
+
+def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from gpt import GPT, GPTConfig
+
+    import autoln
+
+    cands = ("pre", "post", "deepnorm")
+
+    def build():
+        return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=False, norm_candidates=cands))
+
+    from autoln.api import searchable_sites
+
+    sites = [n for n, _ in searchable_sites(build())]
+    searched = autoln.SiteGenotype(list(cands), dict(zip(sites, ["post", "deepnorm", "post", "deepnorm"])),
+                                   {s: [0.2, 0.5, 0.3] for s in sites})
+    # a rigged evaluation: every model scores by its placements, the own Pre-LN best; train does nothing
+    score = {"pre": 1.0, "post": 2.0, "deepnorm": 3.0}
+    seen = []
+
+    def evaluate(model):
+        placements = [next(iter(m.placements)) for m in model.modules() if isinstance(m, autoln.Site)]
+        return sum(score[p] for p in placements) / len(placements) + 0.01 * torch.rand(()).item()
+
+    outcome = autoln.race_genotypes(build, searched, train=lambda m, s, n: seen.append((s, n)), evaluate=evaluate, steps=90,
+                                    progress=False)
+    assert outcome.verdict.answer.name == "all-pre" and outcome.verdict.answer.own
+    assert outcome.genotype.describe() == "pre pre pre pre" and outcome.genotype.provenance["race"]["answer"] == "all-pre"
+    # 6 entries (argmax = all-post): rung 10 keeps the best ceil(6/3) = 2 and the best searched; the final takes the best named
+    # (all-pre, the own) and the best searched (read-off) to 90 steps at 3 seeds
+    assert outcome.plan.rungs[0]["survivors"] == ["all-pre", "read-off"]
+    assert seen == [(0, 10)] * 6 + [(0, 90), (0, 90), (1, 90), (1, 90), (2, 90), (2, 90)] and "all-pre" in [e.name for e in outcome.plan.finalists]
+    with pytest.raises(ValueError, match="own: 'peri' is not among"):
+        autoln.race_genotypes(build, searched, train=lambda m, s, n: None, evaluate=evaluate, steps=9, own="peri")
