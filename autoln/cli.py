@@ -314,11 +314,20 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def searched(out: Path) -> bool:
-    """True when ``out`` holds a finished search whose race is not finished (``--resume`` then
-    continues the race)."""
+    """True when ``out`` holds a finished search that was to race (its own ``config.yaml`` has
+    ``race.enabled``; a search made before the race existed has no ``race`` section) and whose
+    race is not finished: ``--resume`` then continues the race."""
+    import yaml
+
     from .run_race import SUPERNET_FILE, finished_race
 
-    return ((out / "genotype.json").exists() or (out / SUPERNET_FILE).exists()) and finished_race(out) is None
+    if not ((out / "genotype.json").exists() or (out / SUPERNET_FILE).exists()) or finished_race(out) is not None:
+        return False
+    try:
+        race = (yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8")) or {}).get("race")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return False
+    return isinstance(race, dict) and race.get("enabled", True) is True
 
 
 def _searched(cfg, result) -> None:

@@ -1,21 +1,27 @@
 """Search the norm placement of nanoGPT's model (examples/gpt.py) with autoln's public API, then
-compare the answer with the model's own Pre-LN, each trained by nanoGPT's own recipe.
+race the supernet's shortlist against the model's own Pre-LN and the named placements, each
+trained by nanoGPT's own recipe.
 
-    python examples/search_gpt.py --data input.txt [--seeds 3] [--out runs/example]
+    python examples/search_gpt.py --data input.txt [--out runs/example]
 
 ``--data``: a text file read as characters (nanoGPT's ``shakespeare_char`` preparation; e.g.
 tiny Shakespeare's ``input.txt``) or a nanoGPT data folder (``train.bin``, ``val.bin``,
 ``meta.pkl``); the default is this repository's README, enough to see it run, too small for an
 answer worth keeping. The defaults are nanoGPT's model at 4 layers of width 64, block 64, and
 ``examples/nanogpt_recipe.py``'s loop (AdamW lr 1e-3, 100 warm-up steps, cosine to 1e-4, clip
-1.0, batch 32, 500 steps). It writes ``<out>/genotype.json`` (the site genotype) and
-``<out>/compare.md`` (the comparison) and prints the comparison: validation loss in nats per
-token over every non-overlapping window, mean ± std over the seeds, ties marked.
+1.0, batch 32, 500 steps). It writes ``<out>/supernet_genotype.json`` (the supernet's read-off,
+with its shortlist), ``<out>/genotype.json`` (the race's answer) and ``<out>/race.json`` (every
+retrain of the race and the verdict), and prints the verdict: validation loss in nats per
+token over every non-overlapping window.
 
-On tiny Shakespeare at these defaults (3 seeds) the searched answer loses to the model's own
-Pre-LN: 2.439 ± 0.017 nats per character against 2.318 ± 0.014 (``experiments/own_model.csv``
-holds the measured runs; the README's *Your own model* gives the reason found: nanoGPT's
-0.02-std embeddings let the normed candidates dominate the supernet's mixture).
+The race (``autoln.race_genotypes``, the rule of ``search.py``'s race): the read-off, its argmax
+and the shortlist against ``all-pre`` (the model's own, always a finalist), ``all-post``,
+``all-deepnorm``, ``mix-ln`` and ``pre-post``, successive halving at 56 and 167 steps, the
+finalists at 500 steps and 3 seeds; a searched genotype is the answer only if it beats the best
+named one by a one-sided paired t-test at 0.05. On tiny Shakespeare the supernet alone answers
+worse than the model's own Pre-LN (2.439 ± 0.017 nats per character against 2.318 ± 0.014,
+``experiments/own_model.csv``); the race's answers and their fresh-seed checks are in
+``experiments/own_model_race.csv``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.io import write_text_atomic  # noqa: E402
+from autoln.io import write_json_atomic  # noqa: E402
 
 CANDIDATES = ("pre", "post", "deepnorm")
 
@@ -42,7 +48,6 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[1] / "README.md"))
     p.add_argument("--search-steps", type=int, default=None, help="bilevel steps (default: search.py's 500)")
     p.add_argument("--retrain-steps", type=int, default=Recipe.steps)
-    p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=64)
     p.add_argument("--block-size", type=int, default=64)
@@ -67,18 +72,21 @@ def main(argv=None) -> int:
     half = len(train_data) // 2  # DARTS' split: weights on one half, alphas on the other
     outcome = autoln.search(supernet, batches(train_data[:half], args.block_size, args.batch_size, 1), steps=args.search_steps,
                             arch_batches=batches(train_data[half:], args.block_size, args.batch_size, 2))
-    outcome.genotype.save(out / "genotype.json")
-    print(f"genotype: {outcome.genotype.describe()}  ({out / 'genotype.json'})")
+    outcome.genotype.save(out / "supernet_genotype.json")
+    print(f"supernet's read-off: {outcome.genotype.describe()}  ({out / 'supernet_genotype.json'})")
 
-    # 2. the answer against the model's own Pre-LN (all-pre) and the other uniform placements,
-    #    each trained from scratch by nanoGPT's loop at the same seeds
-    result = autoln.compare_genotypes(lambda: GPT(GPTConfig(**size, norm_candidates=CANDIDATES)), outcome.genotype,
-                            baselines=CANDIDATES, seeds=args.seeds,
-                            train=lambda model, seed: train(model, train_data, args.block_size, recipe, seed),
-                            evaluate=lambda model: val_loss(model, val_data, args.block_size), progress=False)
-    report = result.report()
-    write_text_atomic(out / "compare.md", report + "\n")
-    print(report)
+    # 2. the race: the shortlist against the model's own Pre-LN and the named placements, each
+    #    trained from scratch by nanoGPT's loop at the rung's length, the finalists at 3 seeds
+    def train_for(model, seed, steps):
+        rung = replace(recipe, steps=steps, warmup=min(recipe.warmup, steps // 5))  # the recipe's schedule, ending at the rung
+        train(model, train_data, args.block_size, rung, seed)
+
+    race = autoln.race_genotypes(lambda: GPT(GPTConfig(**size, norm_candidates=CANDIDATES)), outcome.genotype,
+                                 train=train_for, evaluate=lambda model: val_loss(model, val_data, args.block_size),
+                                 steps=recipe.steps, own="pre", progress=False)
+    race.genotype.save(out / "genotype.json")
+    write_json_atomic(out / "race.json", race.record)
+    print(f"{race.verdict.line}\nwrote {out / 'genotype.json'} (the answer), {out / 'race.json'}")
     return 0
 
 

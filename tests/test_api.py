@@ -131,20 +131,21 @@ def test_derive_and_the_site_genotype_refuse_what_does_not_fit(gpt, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_example_searches_and_compares_at_tiny_size(tmp_path, capsys):
+def test_the_example_searches_and_races_at_tiny_size(tmp_path, capsys):
     search_gpt = _example("search_gpt")
-    args = ["--search-steps", "12", "--retrain-steps", "8", "--seeds", "2", "--n-layer", "2", "--n-embd", "32",
+    args = ["--search-steps", "12", "--retrain-steps", "9", "--n-layer", "2", "--n-embd", "32",
             "--block-size", "32", "--batch-size", "4", "--out", str(tmp_path)]
     assert search_gpt.main(args) == 0
-    g = autoln.SiteGenotype.load(tmp_path / "genotype.json")
+    g = autoln.SiteGenotype.load(tmp_path / "supernet_genotype.json")
     assert list(g.sites) == [f"transformer.h.{i}.{s}_site" for i in range(2) for s in ("attn", "mlp")]
     assert g.provenance["selection"] == "perturbation" and set(g.provenance["loss_rises"]) == set(g.sites)
+    assert len(g.provenance["shortlist"]) == 3  # the race's pool besides the read-off and the argmax
     out = capsys.readouterr().out
-    report = (tmp_path / "compare.md").read_text()
-    assert f"genotype: {g.describe()}" in out and report.strip() in out
-    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-    assert sorted(r.split(" | ")[0][2:] for r in rows) == ["all-deepnorm", "all-post", "all-pre", "searched"]
-    assert "searched" in report.splitlines()[-1] and "all-pre" in report  # a verdict line per baseline
+    answer = autoln.SiteGenotype.load(tmp_path / "genotype.json")
+    record = json.loads((tmp_path / "race.json").read_text())
+    assert record["verdict"]["line"] in out and answer.provenance["race"]["answer"] == record["verdict"]["answer"]
+    assert "all-pre" in record["rungs"][-1]["entries"]  # the model's own placement is always a finalist
+    assert {j["steps"] for j in record["jobs"]} <= {1, 3, 9} and record["rungs"][-1]["seeds"] == 3
 
 
 def test_load_derived_gives_the_retrain_s_own_valid_loss(tmp_path):
