@@ -721,6 +721,8 @@ def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:
         provenance.update({"search": read_off.scored.method, "evaluated": read_off.scored.evaluated, "loss": read_off.scored.loss})
     if read_off.early is not None:
         provenance["early_stop"] = read_off.early
+    if loop.state.get("scales"):
+        provenance["candidate_scales"] = loop.state["scales"]
     if read_off.shortlist:
         provenance["shortlist"] = [{"sites": {n: model.candidates[g[r]] for n, r in zip(names, rows)}, "loss": round(float(v), 6)}
                                    for g, v in read_off.shortlist]

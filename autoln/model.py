@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +202,9 @@ class Site(nn.Module):
         #: The mixing weights ``(K,)`` of the current forward pass when the site is searched inside
         #: :class:`autoln.api.SearchModel` (which sets and clears it); None otherwise.
         self.mix: Optional[torch.Tensor] = None
+        #: While a list (:func:`candidate_scales` sets and clears it), each mixed forward appends
+        #: every candidate's output RMS and its share of the mixture.
+        self.probe: Optional[list] = None
         shared: dict[bool, nn.Module] = {}
         for p in self.placements.values():
             if p.input == "norm":  # pre and peri of one gain form share LN_in (see above)
@@ -237,11 +240,45 @@ class Site(nn.Module):
             out = branch(placements[group[0]].branch_input(x))
             for k in group:
                 fx[k] = out
+        if self.probe is not None:
+            self.probe.append(output_scales(list(self.placements), [p.output(x, fx[k]) for k, p in enumerate(placements)],
+                                            weights))
         acc = None
         # norm-ending candidates first: they start the sum, the others join it with addcmul
         for k in sorted(range(len(placements)), key=lambda k: not placements[k].ends_in_norm):
             acc = placements[k].mix_into(acc, x, fx[k], weights[k])
         return acc
+
+
+@torch.no_grad()
+def output_scales(names: Sequence[str], outputs: Sequence[torch.Tensor], weights: torch.Tensor) -> dict:
+    """Each candidate's output RMS (over every element of its ``(B, T, d_model)`` output) and its
+    share of the mixture, ``|w_k| rms_k / sum_j |w_j| rms_j`` (issue 44: at nanoGPT's start the
+    normed candidates' outputs, RMS 1, outweigh Pre-LN's stream, RMS 0.03, 35 to 1).
+    Returns ``{"rms": {name: float}, "share": {name: float}}``."""
+    rms = [float(y.float().pow(2).mean().sqrt()) for y in outputs]
+    mag = [abs(float(w)) * r for w, r in zip(weights, rms)]
+    total = sum(mag) or 1.0
+    return {"rms": dict(zip(names, rms)), "share": {n: m / total for n, m in zip(names, mag)}}
+
+
+@torch.no_grad()
+def candidate_scales(model: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], Any]) -> dict[str, dict]:
+    """Every searched site's candidate output RMS and share of the mixture (:func:`output_scales`)
+    in one forward pass ``forward(x)`` of ``model`` in eval mode (``x``: token ids ``(B, T)``),
+    by the site's module name. The model's mode is restored."""
+    sites = {n: m for n, m in model.named_modules() if isinstance(m, Site) and len(m.placements) > 1}
+    was_training = model.training
+    model.eval()
+    for site in sites.values():
+        site.probe = []
+    try:
+        forward(x)
+        return {n: site.probe[0] for n, site in sites.items() if site.probe}
+    finally:
+        for site in sites.values():
+            site.probe = None
+        model.train(was_training)
 
 
 class Block(nn.Module):

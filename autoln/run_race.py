@@ -94,7 +94,7 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
     for e in entries:
         if not e.named:
             path = pool_dir / f"{e.name}.json"
-            if not path.exists():
+            if not path.exists() or Genotype.load(path).describe() != e.placements:
                 genotypes[e.name].save(path)
             specs[e.name] = str(path)
     return entries, aliases, specs
@@ -303,7 +303,8 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
     answer. ``workers``: worker processes on this machine (each an equal share of the cores).
 
     Raises:
-        OutputError: no finished search in ``folder``; another process holds ``folder/race``.
+        OutputError: no finished search in ``folder``; another process holds ``folder/race`` (a
+            journal study; with an RDB ``tune.storage`` every machine's command joins the race).
         ConfigError: the storage cannot be opened or holds this race with other settings.
         Interrupted: SIGINT or SIGTERM (the running retrain keeps its checkpoint; ``search.py
             --resume`` continues the race).
@@ -311,7 +312,8 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
     """
     folder = Path(folder)
     setup = setup_race(cfg, folder)
-    with FolderLock(folder / RACE_DIR, "race"):
+    # a journal file is this machine's: one command at a time; an RDB study takes every machine's workers
+    with FolderLock(folder / RACE_DIR, "race", enabled=cfg.tune.storage is None):
         study = open_race_study(setup, create=True)
         if cfg.tune.storage is None:
             left = fail_left_running(study)

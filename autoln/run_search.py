@@ -275,7 +275,8 @@ def search_provenance(cfg: Config, corpus, loop: SearchLoop, read_off: ReadOff, 
                     "wall_time_s": extra["wall_time_s"], "supernet_valid": state["valid_metrics"],
                     "skipped_batches": state["skipped_batches"], "resumed_from_step": loop.start if resumed else None,
                     "site_entropy": state["record"].get("entropy"), "hessian_eigenvalues": monitor.eigenvalues,
-                    "unigram_plateau": extra["unigram_plateau"], "at_unigram_plateau": extra["at_unigram_plateau"]},
+                    "unigram_plateau": extra["unigram_plateau"], "at_unigram_plateau": extra["at_unigram_plateau"],
+                    "candidate_scales": state.get("scales", [])},
         "selection": {"method": sc.selection if read_off.early is None else "argmax"},
     }
     if read_off.early is not None:

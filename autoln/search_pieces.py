@@ -115,7 +115,9 @@ def resume_loop(loop: SearchLoop, ckpt: Optional[dict]) -> None:
 
 class Monitor(Callback):
     """The collapse monitor at every evaluation (entropies, genotype changes and, with a fixed
-    Hessian ``batch``, the alpha Hessian's largest eigenvalue), with R-DARTS' early stop when
+    Hessian ``batch``, the alpha Hessian's largest eigenvalue and each site's candidate output
+    RMS and share of the mixture on that batch, :func:`autoln.model.candidate_scales`, kept over
+    the search in ``loop.state["scales"]``), with R-DARTS' early stop when
     ``early_stop``: the loop stops and returns the architecture of ``DELTA`` evaluations before
     the rise (:meth:`autoln.monitor.CollapseMonitor.before_rise`). Its record is
     ``loop.state["record"]``. ``announce``: prints the stop's one line (the main process's)."""
@@ -139,6 +141,11 @@ class Monitor(Callback):
 
     def on_evaluate(self, loop: SearchLoop, step: int) -> None:
         record = self.monitor.update(loop.model, self.batch, step)
+        if self.batch is not None:  # each candidate's output scale and share of the mixture (issue 44)
+            from .model import candidate_scales
+
+            record["scales"] = candidate_scales(loop.model, self.batch[0], lambda x: loop.model(x))
+            loop.state.setdefault("scales", []).append({"step": step, "sites": record["scales"]})
         loop.state["record"] = record
         if self.early_stop and record.get("stop"):
             loop.state["stopped_at"] = step
@@ -199,6 +206,9 @@ class TensorBoard(Callback):
                 log.scalar(f"entropy/{site}", h, step)
             log.scalar("monitor/mean_entropy", record["mean_entropy"], step)
             log.scalar("monitor/genotype_changed", float(record["genotype_changed"]), step)
+        for site, scales in record.get("scales", {}).items():
+            log.scalars(scales["rms"], step, f"scale/{site}")
+            log.scalars(scales["share"], step, f"share/{site}")
         log.flush()
 
     def on_skipped_batch(self, loop: SearchLoop, step: int, skipped: int) -> None:

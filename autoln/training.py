@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import platform
+import shutil
 import random
 import sys
 from pathlib import Path
@@ -260,7 +261,9 @@ def measure(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: i
 FINISHED_MARKERS = ("genotype.json", "metrics.json", "diagnostics.json")
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Files a run writes in its folder (besides TensorBoard event files).
-RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT_FILE, "config.yaml", "alphas.png", "alphas_heatmap.png")
+RUN_FILES = (*FINISHED_MARKERS, CHECKPOINT_FILE, "config.yaml", "alphas.png", "alphas_heatmap.png", "supernet_genotype.json")
+#: Folders of a run's own making, removed with it (a search's race: :mod:`autoln.run_race`).
+RUN_FOLDERS = ("race",)
 
 
 #: Files that mark a folder as a tuning study's (``search.py --tune``).
@@ -307,7 +310,8 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
 def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
     """Create the run folder after :func:`check_out_dir`; call it once the inputs are known to
     be good, so bad input leaves no folder behind. With ``overwrite`` the previous run's files
-    (:data:`RUN_FILES` and event files) are removed first, so the folder never mixes two runs.
+    (:data:`RUN_FILES`, event files and :data:`RUN_FOLDERS`) are removed first, so the folder
+    never mixes two runs.
 
     Raises:
         OutputError: as :func:`check_out_dir`, or the folder cannot be created.
@@ -318,6 +322,9 @@ def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
         if overwrite:
             for f in [*(out / name for name in RUN_FILES), *out.glob("events.out.tfevents.*")]:
                 f.unlink(missing_ok=True)
+            for folder in (out / name for name in RUN_FOLDERS):
+                if folder.is_dir():
+                    shutil.rmtree(folder)
     except OSError as exc:
         raise OutputError(f"--out {out}: {exc.strerror or exc}") from None
     return out

@@ -73,8 +73,12 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert "alphas" in acc.Tags()["images"]
     assert {"genotype/text_summary", "config/text_summary"} <= set(acc.Tags()["tensors"])
     assert [e.step for e in acc.Scalars("valid/bits_per_byte")] == [50, 100]
-    probs = [acc.Scalars(f"alpha/block{i}/{c}")[-1].value for i in range(2) for c in g.candidates]
-    assert probs == pytest.approx([p for row in g.probabilities for p in row], abs=1e-6)
+    supernet = Genotype.load(out / "supernet_genotype.json")  # the read-off; genotype.json is the race's answer
+    probs = [acc.Scalars(f"alpha/block{i}/{c}")[-1].value for i in range(2) for c in supernet.candidates]
+    assert probs == pytest.approx([p for row in supernet.probabilities for p in row], abs=1e-6)
+    race = json.loads((out / "race" / "race.json").read_text())
+    assert g.provenance["race"]["answer"] == race["verdict"]["answer"] and race["verdict"]["line"] in proc.stdout
+    g = supernet  # the rest is about the search's own record
     # the probabilities from step 0 every logging.log_every (5) steps, and one chart per site
     # with every candidate in the Custom Scalars layout
     steps = [e.step for e in acc.Scalars("alpha/block1/post")]
@@ -202,11 +206,11 @@ def test_bad_input_leaves_no_folder_and_overwrite_keeps_old_run_until_inputs_are
     assert proc.returncode == 2 and "at least two candidates" in proc.stderr and not fresh.exists()
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    before = {p.name: p.read_bytes() for p in (root / "search").iterdir()}
+    before = {p.name: p.read_bytes() for p in (root / "search").iterdir() if p.is_file()}
     proc = run("search.py", "--config", TINY, "--set", f"data.corpus={empty}", "--out", str(root / "search"), "--overwrite",
                cache=cache, check=False)
     assert proc.returncode == 2 and "empty" in proc.stderr
-    assert {p.name: p.read_bytes() for p in (root / "search").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (root / "search").iterdir() if p.is_file()} == before
     afile = tmp_path / "afile"
     afile.write_text("x")
     proc = run("search.py", "--config", TINY, "--out", str(afile / "sub"), cache=cache, check=False)

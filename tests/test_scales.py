@@ -1,0 +1,70 @@
+"""Each candidate's output scale and share of the supernet's mixture (issue 44, part 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoln.config import ModelConfig, load_config
+from autoln.model import Site, candidate_scales, output_scales
+from autoln.run_search import run_search
+from autoln.supernet import Supernet
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def test_output_scales_are_rms_and_weighted_shares():
+    a, b = torch.full((2, 3, 4), 0.5), torch.full((2, 3, 4), -2.0)
+    s = output_scales(["pre", "post"], [a, b], torch.tensor([0.8, 0.2]))
+    assert s["rms"] == {"pre": 0.5, "post": 2.0}
+    assert s["share"] == pytest.approx({"pre": 0.4 / 0.8, "post": 0.4 / 0.8})  # 0.8 * 0.5 against 0.2 * 2.0
+
+
+def test_candidate_scales_see_the_normed_candidates_outweigh_a_small_stream():
+    torch.manual_seed(0)
+    site = Site(["pre", "post"], d_model=16, n_layers=2)
+    x = 0.03 * torch.randn(4, 5, 16)  # a stream at nanoGPT's start: RMS 0.03
+    branch = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        branch.weight.mul_(0.01)
+        branch.bias.zero_()
+    holder = torch.nn.ModuleDict({"site": site, "branch": branch})
+    scales = candidate_scales(holder, x, lambda x: site(x, branch, torch.tensor([0.5, 0.5])))
+    s = scales["site"]
+    with torch.no_grad():
+        fx = branch(x)
+        post = torch.nn.functional.layer_norm(x + fx, (16,))  # Post-LN's output at gain 1, bias 0: RMS just below 1 (eps)
+        pre = x + branch(torch.nn.functional.layer_norm(x, (16,)))
+    assert s["rms"]["post"] == pytest.approx(float(post.pow(2).mean().sqrt()), rel=1e-5)
+    assert s["rms"]["pre"] == pytest.approx(float(pre.pow(2).mean().sqrt()), rel=1e-5)
+    assert s["share"]["post"] > 0.95 and site.probe is None  # cleared after the pass
+
+
+def test_a_search_logs_the_scales_to_tensorboard_and_its_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    text = tmp_path / "t.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, [f"data.corpus={text}", f"data.cache_dir={tmp_path / 'c'}", "search.steps=20", "search.eval_every=10",
+                             "search.arch_warmup_steps=4", "logging.progress=false", "race.enabled=false"])
+    result = run_search(cfg, tmp_path / "s")
+    scales = result.genotype.provenance["metrics"]["candidate_scales"]
+    assert [e["step"] for e in scales] == [10, 20]
+    assert set(scales[-1]["sites"]) == {f"blocks.{i}.{s}_site" for i in range(2) for s in ("attn", "ffn")}
+    for site in scales[-1]["sites"].values():
+        assert sum(site["share"].values()) == pytest.approx(1.0) and set(site["rms"]) == {"pre", "post", "deepnorm"}
+    acc = EventAccumulator(str(tmp_path / "s"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert {"scale/blocks.0.attn_site/post", "share/blocks.1.ffn_site/pre"} <= set(acc.Tags()["scalars"])
+
+
+def test_scales_do_not_change_the_supernet_s_output():
+    torch.manual_seed(0)
+    net = Supernet(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8), vocab_size=11).eval()
+    x = torch.randint(0, 11, (2, 8))
+    before = net(x)[0]
+    candidate_scales(net, x, lambda x: net(x))
+    assert torch.equal(net(x)[0], before)
