@@ -45,7 +45,7 @@ from .errors import GenotypeError, OutputError, cut, quoted
 from .mixing import MIXINGS
 from .model import Site, TransformerLM
 from .placements import parse_name, placement_names
-from .supernet import SupernetMixin
+from .supernet import SupernetMixin, set_candidate_scale
 
 LossFn = Callable[[nn.Module, torch.Tensor, Optional[torch.Tensor]], tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
 SITE_FORMAT = "autoln.site-genotype"
@@ -596,6 +596,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     if not isinstance(model, SearchModel):
         torch.manual_seed(seed)
         model = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)
+        set_candidate_scale(model, cfg.candidate_scale)
     travel = alpha_travel_warning(cfg, len(model.candidates))
     if travel:
         print(f"autoln.search: warning: {travel}", file=sys.stderr, flush=True)

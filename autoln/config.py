@@ -256,6 +256,8 @@ EARLY_STOPS = ("none", "hessian")
 SELECTIONS = ("argmax", "perturbation", "score")
 #: ``search.weight_mode``: how the shared weights are trained (:data:`autoln.architect.WEIGHT_STEPS`).
 WEIGHT_MODES = ("mixed", "fair", "spos")
+#: ``search.candidate_scale`` (:data:`autoln.model.CANDIDATE_SCALES`, kept equal by a test).
+CANDIDATE_SCALES = ("raw", "common")
 
 
 @dataclass
@@ -287,7 +289,10 @@ class SearchConfig(TrainConfig):
       measured on ``selection_windows`` fixed D_alpha windows, with ``selection_tune_steps``
       bilevel steps of fine-tuning between two decisions; or ``score`` (SPOS, Guo et al.
       2020), the genotype whose one-hot supernet loss on those windows is lowest, over every
-      genotype (up to 4096) or by evolutionary search.
+      genotype (up to 4096) or by evolutionary search;
+    - ``candidate_scale``: ``raw`` mixes the candidates' outputs as they are; ``common`` brings
+      each to the mixture's weighted RMS, per token and detached, before the weighted sum
+      (:func:`autoln.model.common_scale_mix`; issue 44's "one scale").
     """
 
     steps: int = 500
@@ -309,6 +314,7 @@ class SearchConfig(TrainConfig):
     selection_windows: int = 32
     selection_tune_steps: int = 20
     weight_mode: str = "mixed"
+    candidate_scale: str = "raw"
 
     def validate(self, section: str = "search") -> None:
         super().validate(section)
@@ -321,6 +327,7 @@ class SearchConfig(TrainConfig):
         _one_of("search.early_stop", self.early_stop, EARLY_STOPS)
         _one_of("search.selection", self.selection, SELECTIONS)
         _one_of("search.weight_mode", self.weight_mode, WEIGHT_MODES)
+        _one_of("search.candidate_scale", self.candidate_scale, CANDIDATE_SCALES)
         _positive("search.selection_windows", self.selection_windows)
         _non_negative(self, section, ("selection_tune_steps",))
         if self.early_stop == "hessian" and self.monitor_windows == 0:

@@ -95,6 +95,7 @@ HELP = {
     "tune.grace_period": "RDB: a trial silent this long is failed and re-run",
     "tune.max_retry": "re-runs of a trial lost with a killed worker",
     "tune.space": "section.key: {log-uniform | uniform | int | categorical: ...}, the hyperparameters tuned",
+    "search.candidate_scale": "raw | common: each candidate's output brought to the mixture's RMS (detached) before the weighted sum",
     "race.enabled": "after the search, race its shortlist against the named placements in real retrains (false: the supernet's answer alone)",
     "race.top_k": "the supernet's best whole genotypes by one-hot score entered besides its read-off and argmax",
     "race.eta": "successive halving: each rung keeps the best 1/eta (and the best searched and best named entry)",

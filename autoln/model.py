@@ -205,6 +205,9 @@ class Site(nn.Module):
         #: While a list (:func:`candidate_scales` sets and clears it), each mixed forward appends
         #: every candidate's output RMS and its share of the mixture.
         self.probe: Optional[list] = None
+        #: ``search.candidate_scale``: ``raw`` mixes the candidates' outputs as they are; ``common``
+        #: brings each to the mixture's common RMS first (:func:`common_scale_mix`). Set by the supernet.
+        self.candidate_scale = "raw"
         shared: dict[bool, nn.Module] = {}
         for p in self.placements.values():
             if p.input == "norm":  # pre and peri of one gain form share LN_in (see above)
@@ -243,11 +246,43 @@ class Site(nn.Module):
         if self.probe is not None:
             self.probe.append(output_scales(list(self.placements), [p.output(x, fx[k]) for k, p in enumerate(placements)],
                                             weights))
+        if self.candidate_scale == "common":
+            return common_scale_mix([p.output(x, fx[k]) for k, p in enumerate(placements)], weights)
         acc = None
         # norm-ending candidates first: they start the sum, the others join it with addcmul
         for k in sorted(range(len(placements)), key=lambda k: not placements[k].ends_in_norm):
             acc = placements[k].mix_into(acc, x, fx[k], weights[k])
         return acc
+
+
+#: Values of ``search.candidate_scale`` (:class:`Site`).
+CANDIDATE_SCALES = ("raw", "common")
+
+
+def common_scale_mix(outputs: Sequence[torch.Tensor], weights: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """The mixture with every candidate's output brought to one scale first (issue 44, variant
+    "one scale"; the analogue of DARTS' affine-free BatchNorm at each operation's output,
+    quark0/darts ``cnn/model_search.py``): per token, ``y_k`` is multiplied by ``s_k = r / r_k``,
+    ``r_k`` its RMS over ``d_model`` and ``r = sum_k w_k r_k / sum_k w_k`` the mixture's weighted
+    RMS, both detached, so the scale sets the regime and not the gradient; the result is
+    ``sum_k w_k s_k y_k``. With one-hot weights ``s_k = 1`` for the chosen candidate and the
+    others weigh 0: the derived model's output (docs/design.md §3, the one-hot equivalence).
+
+    Args:
+        outputs: the K candidates' outputs, each ``(B, T, d_model)``.
+        weights: their mixing weights ``(K,)``.
+    Returns:
+        ``(B, T, d_model)``."""
+    with torch.no_grad():
+        rms = [y.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(eps) for y in outputs]
+        w = weights.detach().float()
+        common = sum(wk * r for wk, r in zip(w, rms)) / w.sum().clamp_min(eps)
+        scales = [(common / r).to(y.dtype) for r, y in zip(rms, outputs)]
+    acc = None
+    for wk, s, y in zip(weights, scales, outputs):
+        term = wk * (s * y)
+        acc = term if acc is None else acc + term
+    return acc
 
 
 @torch.no_grad()

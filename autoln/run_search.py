@@ -209,7 +209,7 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     check_lengths(corpus, mc.context)
     check_fits(mc, corpus.vocab_size, sc.batch_size // distributed.world_size(), device, True, "search")
     seed_everything(sc.seed)
-    supernet = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing).init_output_bias(corpus.unigram_log_probs())
+    supernet = Supernet(mc, corpus.vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing, sc.candidate_scale).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(supernet, device, sc)
     data, split = search_data(cfg, corpus, model, device)
     start = ckpt["step"] if ckpt is not None else 0

@@ -120,17 +120,19 @@ class Supernet(SupernetMixin, TransformerLM):
         arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
         tau: temperature of the mixing function (the search anneals it by setting ``.tau``).
         mixing: key of :data:`autoln.mixing.MIXINGS`.
+        candidate_scale: ``raw`` or ``common`` (:func:`autoln.model.common_scale_mix`), set on every site.
 
     Raises:
         ValueError: unknown ``mixing``.
     """
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, arch_init_std: float = 1e-3, tau: float = 1.0,
-                 mixing: str = "softmax") -> None:
+                 mixing: str = "softmax", candidate_scale: str = "raw") -> None:
         if mixing not in MIXINGS:
             raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
         cands = cfg.searched_candidates()
         super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
+        set_candidate_scale(self, candidate_scale)
         self.candidates = cands
         self.granularity = cfg.granularity
         self.tau = tau
@@ -158,3 +160,17 @@ class Supernet(SupernetMixin, TransformerLM):
         """As :meth:`TransformerLM.hidden_states` (``n_layers + 1`` tensors ``(B, T, d_model)``),
         mixing with the deterministic relaxed weights unless ``mix`` is given."""
         return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
+
+
+def set_candidate_scale(model: nn.Module, candidate_scale: str) -> None:
+    """Set ``candidate_scale`` (:data:`autoln.model.CANDIDATE_SCALES`) on every searched site of ``model``.
+
+    Raises:
+        ValueError: an unknown value."""
+    from .model import CANDIDATE_SCALES, Site
+
+    if candidate_scale not in CANDIDATE_SCALES:
+        raise ValueError(f"unknown candidate_scale {candidate_scale!r}; expected one of {list(CANDIDATE_SCALES)}")
+    for m in model.modules():
+        if isinstance(m, Site):
+            m.candidate_scale = candidate_scale

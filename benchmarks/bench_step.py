@@ -116,7 +116,7 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
     the derived model from the same seed. ``batches``: ``(D_w batch, D_alpha batch)`` pairs."""
     mc, sc = cfg.model, cfg.search
     torch.manual_seed(sc.seed)
-    base = Supernet(mc, vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing)
+    base = Supernet(mc, vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing, sc.candidate_scale)
     runners: dict[str, Runner] = {}
     for name in names:
         if name.startswith("example_"):

@@ -93,7 +93,7 @@ def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) 
 
     cfg = load_config(search_dir / "config.yaml")
     corpus = load_corpus(cfg.data)
-    net = Supernet(cfg.model, corpus.vocab_size, mixing=cfg.search.mixing)
+    net = Supernet(cfg.model, corpus.vocab_size, mixing=cfg.search.mixing, candidate_scale=cfg.search.candidate_scale)
     net.load_state_dict(torch.load(search_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=True)["model"])
     valid = corpus.splits["valid"]
     starts = eval_starts(len(valid), cfg.model.context, windows)

@@ -68,3 +68,62 @@ def test_scales_do_not_change_the_supernet_s_output():
     before = net(x)[0]
     candidate_scales(net, x, lambda x: net(x))
     assert torch.equal(net(x)[0], before)
+
+
+# --- the "one scale" mixing (search.candidate_scale: common) -------------------------------------
+
+
+def test_common_scale_brings_each_candidate_to_the_weighted_rms():
+    from autoln.model import common_scale_mix
+
+    a, b = torch.full((1, 2, 4), 0.03), torch.full((1, 2, 4), 1.0)  # a raw stream and a normalised one
+    w = torch.tensor([0.25, 0.75])
+    common = 0.25 * 0.03 + 0.75 * 1.0  # the weighted RMS, per token
+    assert torch.allclose(common_scale_mix([a, b], w), torch.full((1, 2, 4), common))  # both at it: the mixture too
+    one_hot = common_scale_mix([a, b], torch.tensor([1.0, 0.0]))
+    assert torch.equal(one_hot, a)  # one-hot: the chosen output itself
+
+
+@pytest.mark.parametrize("choice", ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none", "mixed"])
+def test_one_hot_common_scale_supernet_equals_the_derived_model(choice):
+    from autoln.model import build_derived
+
+    wide = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, candidates=wide, granularity="sublayer")
+    torch.manual_seed(0)
+    net = Supernet(cfg, 11, candidate_scale="common")
+    rows = [(3 * i + 1) % 7 for i in range(4)] if choice == "mixed" else [wide.index(choice)] * 4
+    with torch.no_grad():
+        net.alphas.fill_(-1e4)
+        for i, k in enumerate(rows):
+            net.alphas[i, k] = 1e4
+        for name, p in net.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    names = [wide[k] for k in rows]
+    derived = build_derived(cfg, 11, [(names[2 * i], names[2 * i + 1]) for i in range(2)])
+    assert derived.load_state_dict(net.state_dict(), strict=False).missing_keys == []
+    idx = torch.randint(0, 11, (3, 8))
+    torch.testing.assert_close(net(idx)[0], derived(idx)[0], rtol=0, atol=1e-5)
+
+
+def test_common_scale_is_a_search_setting_of_both_supernets(tmp_path):
+    import sys
+
+    from autoln.config import CANDIDATE_SCALES
+    from autoln.model import CANDIDATE_SCALES as SITE_SCALES
+
+    assert CANDIDATE_SCALES == SITE_SCALES
+    net = Supernet(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_ff=16, context=4), 5, candidate_scale="common")
+    assert {m.candidate_scale for m in net.modules() if isinstance(m, Site)} == {"common"}
+    sys.path.insert(0, str(ROOT / "examples"))
+    from gpt import GPT, GPTConfig
+
+    import autoln
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=5, norm_candidates=("pre", "post")))
+    batches = [(torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4))) for _ in range(4)]
+    cfg = autoln.SearchConfig(steps=4, arch_warmup_steps=1, warmup_steps=0, eval_every=4, candidate_scale="common",
+                              selection="argmax", monitor_windows=0)
+    out = autoln.search(model, batches, cfg=cfg, progress=False, shortlist=0)
+    assert {m.candidate_scale for m in out.model.modules() if isinstance(m, Site)} == {"common"}
