@@ -16,6 +16,7 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | ``naive_weight`` | the weight step of a supernet that calls each branch once per candidate |
 | ``naive_order1`` | a first-order iteration of that naive supernet |
 | ``wide_weight`` | the weight step of the supernet over all seven placements (:data:`WIDE`: three branch inputs per site) |
+| ``common_weight`` | ``supernet_weight`` with ``search.candidate_scale: common`` (each candidate at the mixture's RMS; issue 44: within 10 % of ``supernet_weight``) |
 | ``example_derived`` | a training step of ``examples/gpt.py`` (nanoGPT's model.py with the README's diff, bias-free), Pre-LN |
 | ``example_weight`` | the weight step of that model searched through the public API (``autoln.SearchModel``, ``model.candidates`` at every site) |
 
@@ -72,11 +73,11 @@ from autoln.data import WindowSampler, check_lengths, load_corpus
 from autoln.errors import ConfigError
 from autoln.io import write_json_atomic
 from autoln.model import build_derived
-from autoln.supernet import Supernet
+from autoln.supernet import Supernet, set_candidate_scale
 from autoln.training import prepare_model, resolve_device, train_step, weight_optimizer
 
 VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight",
-            "example_derived", "example_weight")
+            "example_derived", "example_weight", "common_weight")
 #: The widened candidate list of ``wide_weight``: every registered placement.
 WIDE = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
 SCALING_VARIANTS = ("derived", "supernet_weight", "search_order1")
@@ -137,6 +138,8 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
             model = copy.deepcopy(base)
         if name.startswith("naive"):
             make_naive(model)
+        if name == "common_weight":
+            set_candidate_scale(model, "common")
         model = prepare_model(model, device, sc)
         opt, sched = weight_optimizer(model.named_weight_parameters(), sc)
         order = 2 if name.endswith("order2") else 1
@@ -346,6 +349,11 @@ def print_result(res: dict) -> None:
         floor = v["wide_weight"]["gflops_per_step"] / v["derived"]["gflops_per_step"]
         print(f"wide_weight ({len(WIDE)} candidates, 3 branch inputs per site): time {v['wide_weight']['time_ratio']:.2f}x, "
               f"memory {v['wide_weight']['memory_ratio']:.2f}x derived; FLOP floor {floor:.2f}x")
+    if {"common_weight", "supernet_weight"} <= set(res["variants"]):
+        v = res["variants"]
+        ratio = v["common_weight"]["ms_per_step_best"] / v["supernet_weight"]["ms_per_step_best"]  # the fastest steps, as time_ratio
+        print(f"common_weight / supernet_weight (the one-scale mixing's step cost, target <= 1.10): {ratio:.3f} "
+              f"{'ok' if ratio <= 1.10 else 'MISSED'}")
     if {"search_order1", "search_order2"} <= set(res["variants"]):
         v = res["variants"]
         print(f"order 2 / order 1 iteration: {v['search_order2']['ms_per_step'] / v['search_order1']['ms_per_step']:.2f}")

@@ -1,0 +1,168 @@
+"""How well does a supernet variant rank placements in nanoGPT's own model? (issue 44, part 3)
+
+Each variant's supernet is trained by ``autoln.search`` in ``experiments/own_model.py``'s setting
+(seven candidates at each of the 8 sites, ``search.py``'s default schedule, D_w and D_alpha the
+two halves of the training split, search seed ``s``), and then judged against the ground truth of
+``experiments/own_model_truth.csv`` (its 40 sampled genotypes and the named placements, each
+retrained at seed 0 with nanoGPT's recipe):
+
+- ``tau``: Kendall's tau between the trained supernet's one-hot loss of each table genotype (its
+  loss, nats per character, on the first ``--windows`` windows of the validation split with the
+  genotype imposed one-hot) and the genotype's retrained loss;
+- ``hits``: how many of the table's best 10 % are among the supernet's best 10 %;
+- the read-off's percentile: the share of the random sample whose seed-0 loss is worse than the
+  read-off's (the read-off retrained at seed 0, a row of the table);
+- the fit: the mean and spread of (one-hot loss - retrained loss) over the table's genotypes,
+  beside the spread of the retrained losses (a gap far above that spread says the shared
+  weights fit no single path).
+
+Variants (``--variants``): ``softmax`` (today's mixing), ``common`` (``search.candidate_scale:
+common``, each candidate brought to the mixture's RMS), ``spos`` and ``fair`` (single-path
+weight steps, SPOS and FairNAS), ``softmax-2x`` and ``softmax-4x`` (the supernet trained 2 and
+4 times as long). One row per (variant, search seed) in ``experiments/own_model_fidelity.csv``,
+reused on a re-run::
+
+    OMP_NUM_THREADS=1 python experiments/own_model_fidelity.py --data input.txt --variants softmax,common,spos,fair --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "experiments"))
+from gpt import GPT, GPTConfig  # noqa: E402
+from nanogpt_recipe import Recipe, batches, load_data  # noqa: E402
+from own_model_race import Trainer  # noqa: E402
+from own_model_truth import CANDIDATES, SIZE  # noqa: E402
+from own_model_truth import TABLE as TRUTH  # noqa: E402
+
+import autoln  # noqa: E402
+
+OUT = ROOT / "experiments" / "own_model_fidelity.csv"
+FIELDS = ["variant", "search_seed", "tau", "hits", "of", "n", "read_off", "read_off_val", "read_off_pct", "gap_mean", "gap_sd",
+          "truth_sd", "search_s", "commit"]
+
+
+def variant_config(variant: str) -> autoln.SearchConfig:
+    """The search settings of ``variant`` (module docstring).
+
+    Raises:
+        KeyError: an unknown variant."""
+    cli = autoln.SearchConfig()
+    return {"softmax": cli, "common": replace(cli, candidate_scale="common"), "spos": replace(cli, weight_mode="spos"),
+            "fair": replace(cli, weight_mode="fair"),
+            "softmax-2x": replace(cli, steps=2 * cli.steps, warmup_steps=2 * cli.warmup_steps, arch_warmup_steps=2 * cli.arch_warmup_steps),
+            "softmax-4x": replace(cli, steps=4 * cli.steps, warmup_steps=4 * cli.warmup_steps, arch_warmup_steps=4 * cli.arch_warmup_steps),
+            }[variant]
+
+
+def truth_values(path: Path = TRUTH, sampled: bool = False) -> dict[str, float]:
+    """The table's seed-0 retrained losses at 500 steps, by genotype (site placements,
+    space-separated): every such row of the seven-candidate space, or only the random sample's."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return {r["genotype"]: float(r["val"]) for r in csv.DictReader(f) if r["seed"] == "0" and r["steps"] == "500"
+                and r["space"] == "+".join(CANDIDATES) and (not sampled or r["name"].startswith("sample"))}
+
+
+@torch.no_grad()
+def one_hot_losses(model: autoln.SearchModel, genotypes: list[str], windows: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """The supernet's loss (nats per token) on ``windows`` with each genotype imposed one-hot."""
+    model.eval()
+    out = {}
+    for g in genotypes:
+        mix = torch.zeros(len(model.site_names), len(model.candidates))
+        for i, p in enumerate(g.split()):
+            mix[i, model.candidates.index(p)] = 1.0
+        out[g] = float(model(windows[0], windows[1], mix=mix)[1])
+    model.train()
+    return out
+
+
+def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
+    """One row (module docstring)."""
+    from scipy.stats import kendalltau
+
+    cfg = variant_config(variant)
+    truth = truth_values()
+    sample = [g for g in truth]
+    half = len(data[0]) // 2
+    torch.manual_seed(seed)
+    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=CANDIDATES))
+    recipe = Recipe()
+    t0 = time.perf_counter()
+    outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
+                            arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
+                            cfg=cfg, seed=seed, progress=False, shortlist=0)
+    search_s = time.perf_counter() - t0
+    model = outcome.model
+    model.projected = {}
+    t = SIZE["block_size"]
+    val = data[1]
+    starts = [i * t for i in range(min(n_windows, (len(val) - 1) // t))]
+    x = torch.stack([torch.from_numpy(val[i:i + t].astype(np.int64)) for i in starts])
+    y = torch.stack([torch.from_numpy(val[i + 1:i + 1 + t].astype(np.int64)) for i in starts])
+    scores = one_hot_losses(model, sample, (x, y))
+    k = max(1, math.ceil(0.1 * len(sample)))
+    best_true, best_pred = set(sorted(sample, key=truth.get)[:k]), set(sorted(sample, key=scores.get)[:k])
+    tau = float(kendalltau([scores[g] for g in sample], [truth[g] for g in sample]).statistic)
+    gaps = [scores[g] - truth[g] for g in sample]
+    read_off = outcome.genotype.describe()
+    tr = Trainer(CANDIDATES, data, vocab)
+    read_off_val = tr.value(outcome.genotype, 0, recipe.steps, f"fidelity:{variant}")
+    pool = list(truth_values(sampled=True).values())
+    pct = 100 * (sum(v > read_off_val for v in pool) + 0.5 * sum(v == read_off_val for v in pool)) / len(pool)
+    return {"variant": variant, "search_seed": seed, "tau": f"{tau:.4f}", "hits": len(best_true & best_pred), "of": k,
+            "n": len(sample), "read_off": read_off, "read_off_val": f"{read_off_val:.4f}", "read_off_pct": f"{pct:.1f}",
+            "gap_mean": f"{statistics.mean(gaps):.4f}", "gap_sd": f"{statistics.stdev(gaps):.4f}",
+            "truth_sd": f"{statistics.stdev(truth[g] for g in sample):.4f}", "search_s": f"{search_s:.1f}", "commit": tr.commit}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters)")
+    p.add_argument("--variants", default="softmax,common,spos,fair")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--windows", type=int, default=256, help="validation windows of the one-hot scores")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    train_data, val_data, vocab = load_data(args.data)
+    have = set()
+    if args.out.exists():
+        with open(args.out, newline="", encoding="utf-8") as f:
+            have = {(r["variant"], int(r["search_seed"])) for r in csv.DictReader(f)}
+    for variant in args.variants.split(","):
+        variant_config(variant)  # an unknown one fails before any work
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for variant in args.variants.split(","):
+            if (variant, seed) in have:
+                continue
+            row = measure(variant, seed, (train_data, val_data), vocab, args.windows)
+            new = not args.out.exists()
+            with open(args.out, "a", newline="", encoding="utf-8") as f:
+                w = csv.DictWriter(f, fieldnames=FIELDS)
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+                f.flush()
+                os.fsync(f.fileno())
+            print(f"[fidelity] {variant} seed {seed}: tau {row['tau']}, hits {row['hits']}/{row['of']}, read-off {row['read_off']} "
+                  f"{row['read_off_val']} ({row['read_off_pct']} %), gap {row['gap_mean']} ± {row['gap_sd']} (truth sd {row['truth_sd']})",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
