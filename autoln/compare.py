@@ -141,10 +141,18 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
         return _run_compare(cfg, specs, seeds, out, overwrite, workers)
 
 
-def _retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bool, threads: int | None) -> dict | None:
-    """Worker: one (genotype, seed) run of a comparison, in this process or a fresh one
-    (``threads`` torch threads). Returns its ``metrics.json`` content, or None when it diverged
-    (``diverged.txt`` then holds the message, and a re-run keeps it diverged)."""
+def retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: bool, threads: int | None) -> dict | None:
+    """One retrain of a comparison or of a race (:mod:`autoln.run_race`), in this process or a
+    fresh one (``threads`` torch threads, None: this process's): ``spec`` (a genotype file or a
+    baseline name, named ``label`` in the log line) with ``cfg`` in ``run_dir``; a finished run
+    there is reused and an interrupted one continued (:func:`autoln.run_retrain.retrain_reusing`),
+    or everything redone with ``overwrite``. Returns its ``metrics.json`` content (valid and test
+    metrics in the headline unit), or None when it diverged (``diverged.txt`` then holds the
+    message, and a re-run keeps it diverged).
+
+    Raises:
+        As :func:`autoln.run_retrain.run_retrain` but DivergenceError: OutputError, DataError,
+        GenotypeError, ConfigError, WriteError, :class:`autoln.checkpoint.Interrupted`."""
     from .checkpoint import CHECKPOINT_FILE
     from .errors import DivergenceError
     from .run_retrain import retrain_reusing, run_retrain
@@ -258,13 +266,13 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
                 jobs.append(((k, i), (seeded, entry.label, entry.spec, str(run_dir), redo)))
     if workers == 1 or len(jobs) <= 1:
         for key, args in jobs:
-            results[key] = _retrain_one(*args, None)
+            results[key] = retrain_one(*args, None)
     else:
         from .workers import run_in_processes
 
         quiet = [(dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False)), *rest)
                  for _, (seeded, *rest) in jobs]
-        for (key, _), metrics in zip(jobs, run_in_processes(_retrain_one, quiet, workers)):
+        for (key, _), metrics in zip(jobs, run_in_processes(retrain_one, quiet, workers)):
             results[key] = metrics
     for (k, i), (k0, i0) in twins.items():
         source = out / entries[k0].label / f"seed{i0}" / METRICS_FILE

@@ -38,7 +38,7 @@ from typing import Optional
 
 import numpy as np
 
-from .compare import _retrain_one
+from .compare import retrain_one
 from .config import Config
 from .data import HEADLINE, UNITS, load_corpus
 from .errors import ConfigError, OutputError
@@ -199,7 +199,7 @@ def run_job(setup: RaceSetup, job: Job) -> tuple[float, dict]:
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stderr(fh), contextlib.redirect_stdout(fh):
-        metrics = _retrain_one(job_config(setup.cfg, job), job.entry, setup.specs[job.entry], str(run_dir), False, None)
+        metrics = retrain_one(job_config(setup.cfg, job), job.entry, setup.specs[job.entry], str(run_dir), False, None)
     info = {"run": str(run_dir.relative_to(setup.folder)), "wall_time_s": round(time.perf_counter() - t0, 2)}
     if metrics is None:
         return math.inf, {**info, "diverged": True}

@@ -65,11 +65,11 @@ class TableRetrains:
 
     def value(self, cfg, name: str, spec: str, placements: str, run_dir: Path) -> float:
         """Valid bits per byte of the retrain (``inf`` when it diverged)."""
-        from autoln.compare import _retrain_one
+        from autoln.compare import retrain_one
 
         row = self.find(cfg, placements)
         if row is None:
-            metrics = _retrain_one(cfg, name, spec, str(run_dir), False, None)
+            metrics = retrain_one(cfg, name, spec, str(run_dir), False, None)
             if metrics is None:
                 return math.inf
             row = row_from_run(run_dir, self.setting, self.space, self.commit)

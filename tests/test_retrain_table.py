@@ -123,7 +123,7 @@ def test_a_restored_row_is_reused_by_run_compare_instead_of_retraining(tmp_path,
     assert rows[0].valid == first[0].runs[0]["valid"]["bits_per_byte"]  # to the last bit
     assert table.restore_runs(rows, "shallow", cfg, tmp_path / "b") == 2  # by placements, and as the baseline's own folder
     trained = []
-    monkeypatch.setattr("autoln.compare._retrain_one", lambda *a: trained.append(a))
+    monkeypatch.setattr("autoln.compare.retrain_one", lambda *a: trained.append(a))
     again = run_compare(cfg, [], ["all-post"], 1, tmp_path / "b")
     assert trained == [] and again[0].runs[0]["valid"]["bits_per_byte"] == rows[0].valid
     other = load_config(str(ROOT / "configs" / "tiny.yaml"), ["retrain.steps=12", "retrain.lr=1e-4"])
@@ -168,7 +168,7 @@ def test_dependable_and_horizon_commands_on_the_tiny_config(tmp_path, cache_dir,
     assert sorted({r.steps for r in table.read_table(path)}) == [12, 24]
     before = len(table.read_table(path))
     trained = []
-    monkeypatch.setattr("autoln.compare._retrain_one", lambda *a: trained.append(a))
+    monkeypatch.setattr("autoln.compare.retrain_one", lambda *a: trained.append(a))
     assert dependable.main([*common, "--method", "default", "--search-seeds", "0,1"]) == 0  # all reused
     assert trained == [] and len(table.read_table(path)) == before
     capsys.readouterr()
