@@ -109,10 +109,13 @@ def site_names(g: Genotype) -> list[str]:
 
 def job_config(cfg: Config, job: Job) -> Config:
     """The retrain settings of ``job``: ``cfg.retrain`` at ``job.steps`` steps and seed
-    ``retrain.seed + job.seed``, evaluating at least at the end, without a progress bar."""
+    ``retrain.seed + job.seed``, its schedule's shape kept: the warm-up scaled with the length
+    (``round(warmup_steps * job.steps / retrain.steps)``; at the full budget the retrain's own),
+    evaluating at least at the end, without a progress bar."""
     rc = cfg.retrain
+    warmup = min(round(rc.warmup_steps * job.steps / rc.steps), job.steps - 1)
     retrain = dataclasses.replace(rc, steps=job.steps, seed=rc.seed + job.seed, eval_every=min(rc.eval_every, job.steps),
-                                  warmup_steps=rc.warmup_steps if rc.warmup_steps < job.steps else job.steps // 2)
+                                  warmup_steps=max(0, warmup))
     return dataclasses.replace(cfg, retrain=retrain, logging=dataclasses.replace(cfg.logging, progress=False))
 
 

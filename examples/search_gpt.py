@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     # 2. the race: the shortlist against the model's own Pre-LN and the named placements, each
     #    trained from scratch by nanoGPT's loop at the rung's length, the finalists at 3 seeds
     def train_for(model, seed, steps):
-        rung = replace(recipe, steps=steps, warmup=min(recipe.warmup, steps // 5))  # the recipe's schedule, ending at the rung
+        rung = replace(recipe, steps=steps, warmup=round(recipe.warmup * steps / recipe.steps))  # the recipe's schedule, scaled to the rung
         train(model, train_data, args.block_size, rung, seed)
 
     race = autoln.race_genotypes(lambda: GPT(GPTConfig(**size, norm_candidates=CANDIDATES)), outcome.genotype,

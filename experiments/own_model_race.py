@@ -9,8 +9,9 @@ nanoGPT's recipe, 4 layers of width 64, 500 steps). Per candidate set (``3``: pr
    halves of the training split, kept as ``experiments/own_model/race<K>_seed<s>.json`` (the
    answer with its shortlist);
 2. ``autoln.race_genotypes`` over its read-off, argmax and shortlist, the named placements and
-   the model's own ``pre``, with nanoGPT's loop at each rung's length (its cosine schedule ending
-   there) and the validation loss over every window (nats per character), race seeds 0, 1, 2;
+   the model's own ``pre``, with nanoGPT's loop at each rung's length (its warm-up scaled with the
+   length and its cosine ending there: :func:`rung_recipe`) and the validation loss over every
+   window (nats per character), race seeds 0, 1, 2;
 3. the answer and the best named placement (by the table's seeds 0-2 mean; ``all-pre`` when it
    is the answer) retrained at the fresh seeds 3, 4, 5.
 
@@ -53,12 +54,22 @@ RACE_FIELDS = ["candidates", "search_seed", "read_off", "answer", "answer_genoty
                "search_s", "race_s", "retrains", "fresh_answer", "fresh_best_named", "best_named", "fresh_pre", "commit"]
 
 
-def table_values(path: Path = TABLE) -> dict[tuple[str, int, int], float]:
-    """Every retrain of this set-up in the table: ``(genotype, seed, steps) -> val``."""
+def rung_recipe(steps: int) -> tuple[Recipe, str]:
+    """nanoGPT's recipe at ``steps`` with its schedule's shape kept (the warm-up scaled with the
+    length, as ``search.py``'s race scales it) and the table's ``setup`` of such a retrain: the
+    ground truth's own at the full 500 steps, marked ``warmup-scaled`` at a shorter rung."""
+    full = Recipe()
+    recipe = Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps))
+    return recipe, SETUP if steps == full.steps else f"{SETUP} warmup-scaled"
+
+
+def table_values(path: Path = TABLE) -> dict[tuple[str, int, int, str], float]:
+    """Every retrain of this set-up in the table: ``(genotype, seed, steps, setup) -> val``."""
     if not path.exists():
         return {}
     with open(path, newline="", encoding="utf-8") as f:
-        return {(r["genotype"], int(r["seed"]), int(r["steps"])): float(r["val"]) for r in csv.DictReader(f) if r["setup"] == SETUP}
+        return {(r["genotype"], int(r["seed"]), int(r["steps"]), r["setup"]): float(r["val"]) for r in csv.DictReader(f)
+                if r["setup"].startswith(SETUP)}
 
 
 def search_answer(cands: tuple[str, ...], seed: int, data, vocab: int, recipe: Recipe) -> autoln.SiteGenotype:
@@ -92,16 +103,17 @@ class Trainer:
 
     def value(self, genotype: autoln.SiteGenotype, seed: int, steps: int, name: str) -> float:
         """The validation loss of ``genotype`` trained at ``seed`` for ``steps`` (table first)."""
-        key = (genotype.describe(), seed, steps)
+        recipe, setup = rung_recipe(steps)
+        key = (genotype.describe(), seed, steps, setup)
         if key in self.done:
             return self.done[key]
         torch.manual_seed(seed)
         model = autoln.derive(self.build(), genotype)
         t0 = time.perf_counter()
-        train(model, self.data[0], SIZE["block_size"], Recipe(steps=steps), seed)
+        train(model, self.data[0], SIZE["block_size"], recipe, seed)
         val, secs = val_loss(model, self.data[1], SIZE["block_size"]), time.perf_counter() - t0
         append_row(TABLE, {"space": "+".join(self.cands), "name": name, "genotype": key[0], "seed": seed, "steps": steps,
-                           "val": f"{val:.6f}", "train_s": f"{secs:.1f}", "setup": SETUP, "commit": self.commit})
+                           "val": f"{val:.6f}", "train_s": f"{secs:.1f}", "setup": setup, "commit": self.commit})
         self.done[key] = float(f"{val:.6f}")
         self.spent += secs
         self.ran += 1
@@ -131,8 +143,8 @@ def race_one(k: str, seed: int, data, vocab: int) -> dict:
                                     steps=recipe.steps, own="pre", seed=0)
     race_s = time.perf_counter() - t0
     done = tr.done
-    named_means = {n: statistics.mean(done[(g.describe(), s, recipe.steps)] for s in (0, 1, 2))
-                   for n, g in named.items() if all((g.describe(), s, recipe.steps) in done for s in (0, 1, 2))}
+    named_means = {n: statistics.mean(done[(g.describe(), s, recipe.steps, SETUP)] for s in (0, 1, 2))
+                   for n, g in named.items() if all((g.describe(), s, recipe.steps, SETUP) in done for s in (0, 1, 2))}
     best_named = min(named_means, key=named_means.get) if named_means else "all-pre"
     fresh = {}
     for name, g in (("answer", outcome.genotype), ("best_named", named[best_named]), ("pre", named["all-pre"])):
