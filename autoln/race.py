@@ -11,13 +11,14 @@ The rule, and only the rule, lives here: pure functions of the measurements so f
   model its ``own`` placement, which is named and always a finalist). A searched genotype equal
   to a named one is entered as the named one (simpler, and known).
 - **Rungs.** Successive halving (Jamieson & Talwalkar 2016), synchronous: rung ``k`` of ``R``
-  retrains each surviving entry from scratch at ``full_steps / eta^(R-1-k)`` steps (seed index
-  0); the best ``ceil(n / eta)`` survive, and the best searched and the best named entry always
-  do (the verdict needs both). Learning curves cross (Wu et al. 2018), so a short rung only
-  prunes; it never answers.
-- **Final rung.** The best searched entry and the best named one of the rung before (and the
-  model's own placement, when it is in the pool) at ``full_steps``, ``final_seeds`` seeds each.
-  A pool of two or three entries goes to the final rung directly.
+  retrains from scratch at ``full_steps / eta^(R-1-k)`` steps (seed index 0). The rungs before
+  the last-but-one prune the searched entries only (the best ``ceil(n / eta)`` survive); the
+  named placements enter at the last-but-one rung, where every survivor runs (learning curves
+  cross, Wu et al. 2018: a short rung would prune a placement that starts slowly and ends
+  best). A short rung only prunes; it never answers.
+- **Final rung.** The best searched entry and the best named one of the last-but-one rung (and
+  the model's own placement, when it is in the pool) at ``full_steps``, ``final_seeds`` seeds
+  each. A pool of two or three entries goes to the final rung directly.
 - **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
   must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
   same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
@@ -64,7 +65,8 @@ class RaceRule:
     def describe(self) -> str:
         """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
         return (f"synchronous successive halving, eta {self.eta}, {self.rungs} rungs ending at the full retrain budget; "
-                f"the best searched and the best named entry always survive; finalists at {self.final_seeds} seeds; "
+                f"the short rungs prune the searched entries, the named placements enter at the last-but-one rung; "
+                f"the best searched and the best named entry are the finalists, at {self.final_seeds} seeds; "
                 f"a searched finalist is the answer only if it beats the best named finalist by a one-sided paired t-test "
                 f"at level {self.level}, else the named placement is")
 
@@ -180,26 +182,37 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
     """What the race runs next, from the measurements so far (``values``: ``Job.key`` ->
     value): deterministic, so a resumed race and every worker on one storage agree.
 
-    Rung ``k < R-1`` runs every surviving entry at seed 0 and promotes with
-    :func:`promote`; when three or fewer entries survive, the race goes to the final rung.
-    The final rung runs the finalists at ``full_steps`` for seeds ``0..final_seeds-1``."""
+    The short rungs before the last-but-one run the surviving *searched* entries only (seed 0)
+    and keep the best ``ceil(n / eta)`` of them (:func:`promote`): they prune the supernet's
+    speculative shortlist. The named placements are known and few, and a short rung would judge
+    them by how fast they start (short-horizon bias, Wu et al. 2018: in nanoGPT's own model
+    ``all-outnorm`` trails ``all-pre`` at 56 steps and beats it at 500), so they enter at the
+    last-but-one rung, where every survivor runs and the best searched and the best named entry
+    (and the model's own) go on. When three or fewer entries are left the race goes to the final
+    rung at once. The final rung runs the finalists at ``full_steps`` for seeds
+    ``0..final_seeds-1``."""
     steps = rung_steps(full_steps, rule)
     alive = list(entries)
     history: list[dict] = []
-    for s in steps[:-1]:
+    short = steps[:-1]
+    for k, s in enumerate(short):
         if len(alive) <= 3:
             break
-        history.append({"steps": s, "entries": [e.name for e in alive]})
-        missing = [Job(e.name, s, 0) for e in alive if (e.name, s, 0) not in values]
+        last = k == len(short) - 1
+        running = alive if last else [e for e in alive if not e.named]
+        if not running:
+            continue
+        history.append({"steps": s, "entries": [e.name for e in running]})
+        missing = [Job(e.name, s, 0) for e in running if (e.name, s, 0) not in values]
         if missing:
             return Plan(missing, history)
-        at = {e.name: values[(e.name, s, 0)] for e in alive}
-        survivors = promote(alive, at, rule.eta, final=False)
-        to_final = s == steps[-2] or len(survivors) <= 3
-        alive = promote(alive, at, rule.eta, final=True) if to_final else survivors
+        at = {e.name: values[(e.name, s, 0)] for e in running}
+        if last:
+            alive = promote(alive, at, rule.eta, final=True)
+        else:
+            kept = {e.name for e in promote(running, at, rule.eta, final=False)}
+            alive = [e for e in alive if e.named or e.name in kept]
         history[-1]["survivors"] = [e.name for e in alive]
-        if to_final:
-            break
     jobs = [Job(e.name, full_steps, i) for i in range(rule.final_seeds) for e in alive]
     history.append({"steps": full_steps, "entries": [e.name for e in alive], "seeds": rule.final_seeds})
     missing = [j for j in jobs if j.key not in values]

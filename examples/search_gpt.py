@@ -16,8 +16,8 @@ token over every non-overlapping window.
 
 The race (``autoln.race_genotypes``, the rule of ``search.py``'s race): the read-off, its argmax
 and the shortlist against ``all-pre`` (the model's own, always a finalist), ``all-post``,
-``all-deepnorm``, ``mix-ln`` and ``pre-post``, successive halving at 56 and 167 steps, the
-finalists at 500 steps and 3 seeds; a searched genotype is the answer only if it beats the best
+``all-deepnorm``, ``mix-ln`` and ``pre-post``: the searched entries pruned at 56 steps, the
+survivors and the named placements at 167, the best of each kind at 500 steps and 3 seeds; a searched genotype is the answer only if it beats the best
 named one by a one-sided paired t-test at 0.05. On tiny Shakespeare the supernet alone answers
 worse than the model's own Pre-LN (2.439 ± 0.017 nats per character against 2.318 ± 0.014,
 ``experiments/own_model.csv``); the race's answers and their fresh-seed checks are in

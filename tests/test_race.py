@@ -57,34 +57,41 @@ def test_promotion_keeps_the_best_of_each_kind_and_the_own():
     assert [x.name for x in promote(e, v, 3, final=True)] == ["n1", "s2", "own"]
 
 
-#: A table counted by hand: 7 entries, 1000 steps, eta 3: rung 111 keeps ceil(7/3) = 3 (all-post,
-#: mix-ln, top1) and the best named is among them; 3 survivors go straight to the final rung as
-#: the best searched (top1) and the best named (all-post).
+#: A table counted by hand: 5 named and 3 searched entries, 1000 steps, eta 3. Rung 111 runs the
+#: searched ones only and keeps ceil(3/3) = 1 (top1); rung 333 runs the 5 named and top1, and the
+#: best named there (all-outnorm) and the best searched (top1) go on to 1000 steps at 3 seeds.
 TABLE = {
-    ("all-pre", 111, 0): 3.10, ("all-post", 111, 0): 2.90, ("all-deepnorm", 111, 0): 3.30, ("mix-ln", 111, 0): 2.95,
-    ("pre-post", 111, 0): 3.20, ("read-off", 111, 0): 3.40, ("top1", 111, 0): 3.00,
-    ("all-post", 1000, 0): 2.336, ("all-post", 1000, 1): 2.331, ("all-post", 1000, 2): 2.341,
+    ("read-off", 111, 0): 3.40, ("top1", 111, 0): 3.00, ("top2", 111, 0): 3.10,
+    ("all-pre", 333, 0): 2.70, ("all-post", 333, 0): 2.80, ("all-deepnorm", 333, 0): 2.90, ("mix-ln", 333, 0): 2.85,
+    ("all-outnorm", 333, 0): 2.65, ("top1", 333, 0): 2.75,
+    ("all-outnorm", 1000, 0): 2.336, ("all-outnorm", 1000, 1): 2.331, ("all-outnorm", 1000, 2): 2.341,
     ("top1", 1000, 0): 2.320, ("top1", 1000, 1): 2.322, ("top1", 1000, 2): 2.318,
 }
 POOL = [Entry(n, p, "named") for n, p in (("all-pre", "a"), ("all-post", "b"), ("all-deepnorm", "c"), ("mix-ln", "d"),
-                                           ("pre-post", "e"))] + [Entry("read-off", "f", "searched"), Entry("top1", "g", "searched")]
+                                           ("all-outnorm", "e"))] + [Entry(n, p, "searched") for n, p in (("read-off", "f"), ("top1", "g"), ("top2", "h"))]
 
 
 def test_the_rule_against_a_table_counted_by_hand():
     rule = RaceRule()
     first = plan(POOL, {}, 1000, rule)
-    assert [j.key for j in first.pending] == [(e.name, 111, 0) for e in POOL] and not first.done
+    assert [j.key for j in first.pending] == [("read-off", 111, 0), ("top1", 111, 0), ("top2", 111, 0)] and not first.done
+    second = plan(POOL, {k: v for k, v in TABLE.items() if k[1] == 111}, 1000, rule)
+    assert [j.key for j in second.pending] == [(n, 333, 0) for n in ("all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm", "top1")]
     done = plan(POOL, TABLE, 1000, rule)
-    assert done.done and [e.name for e in done.finalists] == ["all-post", "top1"]
-    assert done.rungs[0]["survivors"] == ["all-post", "top1"] and done.rungs[1] == {"steps": 1000, "entries": ["all-post", "top1"], "seeds": 3}
+    assert done.done and [e.name for e in done.finalists] == ["all-outnorm", "top1"]
+    assert done.rungs[0] == {"steps": 111, "entries": ["read-off", "top1", "top2"],
+                             "survivors": ["all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm", "top1"]}
+    assert done.rungs[1]["survivors"] == ["all-outnorm", "top1"]
+    assert done.rungs[2] == {"steps": 1000, "entries": ["all-outnorm", "top1"], "seeds": 3}
     v = verdict(done.finalists, TABLE, 1000, rule, "bits/byte")
-    # differences top1 - all-post: -0.016, -0.009, -0.023: mean -0.016, sd 0.007, t = -0.016 / (0.007 / sqrt 3) = -3.959;
+    # differences top1 - all-outnorm: -0.016, -0.009, -0.023: mean -0.016, sd 0.007, t = -0.016 / (0.007 / sqrt 3) = -3.959;
     # one-sided p of Student's t with 2 degrees of freedom at -3.959: 0.5 * (1 - t / sqrt(t^2 + 2)) = 0.02913
     assert v.p_value == pytest.approx(0.5 * (1 - 3.959 / math.sqrt(3.959 ** 2 + 2)), abs=2e-4)
     assert v.answer.name == "top1" and v.outcome == "searched-wins"
-    assert v.line.startswith("answer: top1 = g (beats all-post at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, all-post 2.3360 ± 0.0050")
+    assert v.line.startswith("answer: top1 = g (beats all-outnorm at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, "
+                             "all-outnorm 2.3360 ± 0.0050")
     strict = verdict(done.finalists, TABLE, 1000, RaceRule(level=0.01), "bits/byte")  # the same values at a stricter level: a tie
-    assert strict.answer.name == "all-post" and strict.outcome == "tie" and "tied with it" in strict.line
+    assert strict.answer.name == "all-outnorm" and strict.outcome == "tie" and "tied with it" in strict.line
     measured = []
     p, values = run(POOL, 1000, rule, lambda job: measured.append(job.key) or TABLE[job.key])
     assert p.done and sorted(measured) == sorted(TABLE) and values == TABLE  # exactly the table's retrains, once each
@@ -251,9 +258,9 @@ def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
                                     progress=False)
     assert outcome.verdict.answer.name == "all-pre" and outcome.verdict.answer.own
     assert outcome.genotype.describe() == "pre pre pre pre" and outcome.genotype.provenance["race"]["answer"] == "all-pre"
-    # 6 entries (argmax = all-post): rung 10 keeps the best ceil(6/3) = 2 and the best searched; the final takes the best named
-    # (all-pre, the own) and the best searched (read-off) to 90 steps at 3 seeds
-    assert outcome.plan.rungs[0]["survivors"] == ["all-pre", "read-off"]
-    assert seen == [(0, 10)] * 6 + [(0, 90), (0, 90), (1, 90), (1, 90), (2, 90), (2, 90)] and "all-pre" in [e.name for e in outcome.plan.finalists]
+    # 6 entries (argmax = all-post): rung 10 runs the one searched entry (read-off); rung 30 all six; the final takes the
+    # best named (all-pre, the own) and the best searched (read-off) to 90 steps at 3 seeds
+    assert outcome.plan.rungs[1]["survivors"] == ["all-pre", "read-off"]
+    assert seen == [(0, 10)] + [(0, 30)] * 6 + [(0, 90), (0, 90), (1, 90), (1, 90), (2, 90), (2, 90)] and "all-pre" in [e.name for e in outcome.plan.finalists]
     with pytest.raises(ValueError, match="own: 'peri' is not among"):
         autoln.race_genotypes(build, searched, train=lambda m, s, n: None, evaluate=evaluate, steps=9, own="peri")
