@@ -185,9 +185,10 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
     The short rungs before the last-but-one run the surviving *searched* entries only (seed 0)
     and keep the best ``ceil(n / eta)`` of them (:func:`promote`): they prune the supernet's
     speculative shortlist. The named placements are known and few, and a short rung would judge
-    them by how fast they start (short-horizon bias, Wu et al. 2018: in nanoGPT's own model
-    ``all-outnorm`` trails ``all-pre`` at 56 steps and beats it at 500), so they enter at the
-    last-but-one rung, where every survivor runs and the best searched and the best named entry
+    them by how fast they start (short-horizon bias, Wu et al. 2018), so they enter at the
+    last-but-one rung (in nanoGPT's own model ``all-outnorm`` trails ``all-pre`` until about two
+    thirds of the budget and beats it at the end: even that rung misses it, docs/race.md), where
+    every survivor runs and the best searched and the best named entry
     (and the model's own) go on. When three or fewer entries are left the race goes to the final
     rung at once. The final rung runs the finalists at ``full_steps`` for seeds
     ``0..final_seeds-1``."""
