@@ -25,6 +25,7 @@ from torch import nn
 
 from .api import SiteGenotype, as_pair, derive, searchable_sites
 from .config import RetrainConfig
+from .errors import GenotypeError
 from .ranking import is_tie, mean_std, stats, vs_best
 
 
@@ -333,14 +334,38 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         :class:`RaceOutcome`.
 
     Raises:
-        ValueError: ``steps`` not a positive integer, an ``own`` that is not a candidate, an
-            unknown baseline, an empty pool; as :func:`named_site_genotypes`.
-        autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`).
+        ValueError: ``steps`` not a positive integer, ``searched`` not a genotype, a mapping of
+            genotypes or a genotype file, an ``own`` that is not a candidate, ``baselines`` not a
+            list of known names, ``rule`` not a RaceRule, ``values`` not keyed ``(entry, steps,
+            seed index)``, ``evaluate`` returning something other than a number; as
+            :func:`named_site_genotypes`.
+        autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`),
+            found before any training.
+        autoln.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict`).
     """
+    import numbers
+    from pathlib import Path
+
     from . import race as R
 
+    def fail(what: str) -> ValueError:
+        return ValueError(f"autoln.race_genotypes: {what}")
+
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"autoln.race_genotypes: steps: expected a positive integer, got {steps!r}")
+        raise fail(f"steps: expected a positive integer, got {steps!r}")
+    if isinstance(searched, (str, Path)):
+        searched = SiteGenotype.load(searched)
+    if not isinstance(searched, (SiteGenotype, Mapping)):
+        raise fail(f"searched: expected an autoln.SiteGenotype (the search's outcome.genotype), a dict of them or a genotype "
+                   f"file, got {type(searched).__name__}")
+    if rule is not None and not isinstance(rule, R.RaceRule):
+        raise fail(f"rule: expected an autoln.race.RaceRule(eta=..., rungs=..., final_seeds=..., level=...), got {type(rule).__name__}")
+    if isinstance(baselines, str):
+        raise fail(f"baselines: expected a list of names, e.g. [{baselines!r}], got the string {baselines!r}")
+    if values is not None and (not isinstance(values, Mapping) or any(
+            not (isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], str) and isinstance(k[1], int) and isinstance(k[2], int))
+            or isinstance(v, bool) or not isinstance(v, numbers.Real) for k, v in values.items())):
+        raise fail("values: expected {(entry name, steps, seed index): value}, as RaceOutcome.values holds them")
     rule = rule or R.RaceRule()
     torch.manual_seed(seed)
     probe = build()
@@ -364,6 +389,13 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         if not isinstance(g, SiteGenotype):
             raise ValueError(f"autoln.race_genotypes: searched[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
     named.pop(own_name, None)
+    for name, g in {own_name: own_g, **named, **pool_g}.items():  # a genotype that does not fit fails before any training
+        try:
+            derive(build(), g, init=False)
+        except GenotypeError as exc:
+            raise GenotypeError(f"autoln.race_genotypes: {name}: {exc}") from None
+    if not pool_g and progress:
+        print("autoln.race_genotypes: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
     entries, aliases = R.make_pool([(n, g.describe()) for n, g in pool_g.items()], [(n, g.describe()) for n, g in named.items()],
                                    own=(own_name, own_g.describe()))
     genotypes = {own_name: own_g, **named, **pool_g}
@@ -372,7 +404,12 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         torch.manual_seed(seed + job.seed)
         model = derive(build(), genotypes[job.entry])
         train(model, seed + job.seed, job.steps)
-        value = float(evaluate(model))
+        value = evaluate(model)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise fail(f"evaluate returned {value!r} ({type(value).__name__}): expected a number, lower is better (a loss)")
+        value = float(value)
         if progress:
             print(f"autoln.race_genotypes: {job.entry} at {job.steps} steps, seed {seed + job.seed}: {value:.4f}",
                   file=sys.stderr, flush=True)

@@ -297,6 +297,10 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
             result = run_search(cfg, out, args.overwrite, resume=args.resume)
             if not distributed.is_main():
                 return
+            if race:  # genotype.json is only ever the race's answer
+                from .run_race import supernet_file
+
+                result.path = supernet_file(out)
             _searched(cfg, result)
             if distributed.launched() and cfg.race.enabled:
                 print("note: the race runs without torchrun: " + script_line("search.py", "--resume", "--out", out,
@@ -337,7 +341,8 @@ def _searched(cfg, result) -> None:
     print(f"genotype: {result.genotype.describe()}\nsupernet valid {headline}: {number(result.valid[headline])}"
           + (f" ± {number(se)}" if se is not None else "") +
           f" (an estimate on search.eval_windows={cfg.search.eval_windows} windows, ± one standard error over windows)\n"
-          f"wrote {result.path} ({result.wall_time_s:.1f} s)")
+          f"wrote {result.path} ({result.wall_time_s:.1f} s)" + (" (the supernet's read-off: the race decides the answer)"
+                                                                 if result.path.name != "genotype.json" else ""))
     _skipped_note(result.genotype.provenance["metrics"]["skipped_batches"], cfg.search.steps)
     selection = result.genotype.provenance["selection"]
     if selection.get("skipped_batches"):

@@ -40,6 +40,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
+from .errors import DivergenceError
+
 KINDS = ("searched", "named")
 
 
@@ -64,7 +66,7 @@ class RaceRule:
 
     def describe(self) -> str:
         """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
-        return (f"synchronous successive halving, eta {self.eta}, {self.rungs} rungs ending at the full retrain budget; "
+        return (f"synchronous successive halving, eta {self.eta}, the last rung at the full retrain budget; "
                 f"the short rungs prune the searched entries, the named placements enter at the last-but-one rung; "
                 f"the best searched and the best named entry are the finalists, at {self.final_seeds} seeds; "
                 f"a searched finalist is the answer only if it beats the best named finalist by a one-sided paired t-test "
@@ -268,8 +270,12 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
     in the line (e.g. ``bits/byte``).
 
     Raises:
-        KeyError: a finalist's seed not measured."""
+        KeyError: a finalist's seed not measured.
+        DivergenceError: every finalist diverged at some seed: the race has no answer."""
     per = {e.name: [values[(e.name, full_steps, i)] for i in range(rule.final_seeds)] for e in finalists}
+    if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
+        raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
+                              "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)")
     rank = sorted(finalists, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
     searched = next((e for e in rank if not e.named), None)
     named = next((e for e in rank if e.named), None)

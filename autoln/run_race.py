@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from typing import Optional
 
 import numpy as np
 
+from .checkpoint import CHECKPOINT_FILE, Interrupted
+from .commands import resume_command, script_line
 from .compare import retrain_one
 from .config import Config
 from .data import HEADLINE, UNITS, load_corpus
@@ -157,8 +160,8 @@ def open_race_study(setup: RaceSetup, create: bool = False):
             rule or retrain settings (naming what differs)."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(setup.cfg, setup.folder / RACE_DIR)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # after open_storage (which sets WARNING): a stopped retrain is the race's to report
     study = optuna.create_study(study_name=setup.name, storage=storage, direction="minimize", load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     mine = json.loads(json.dumps(setup.record()))
@@ -167,8 +170,9 @@ def open_race_study(setup: RaceSetup, create: bool = False):
         study.set_user_attr("race", mine)
     elif theirs != mine:
         diff = [k for k in mine if theirs.get(k) != mine.get(k)]
+        again = script_line("search.py", "--resume", "--out", setup.folder, "--config", setup.folder / "config.yaml")
         raise ConfigError(f"the race of {setup.folder} (study {setup.name}) was started with other settings ({', '.join(diff)} "
-                          "differ): resume it with the search's own config.yaml, or start a new search")
+                          f"differ): resume it with the search's own config: {again}")
     return study
 
 
@@ -201,8 +205,16 @@ def run_job(setup: RaceSetup, job: Job) -> tuple[float, dict]:
     log = setup.folder / RACE_DIR / "logs" / f"{job.entry}-steps{job.steps}-seed{job.seed}.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stderr(fh), contextlib.redirect_stdout(fh):
-        metrics = retrain_one(job_config(setup.cfg, job), job.entry, setup.specs[job.entry], str(run_dir), False, None)
+    try:
+        with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stderr(fh), contextlib.redirect_stdout(fh):
+            metrics = retrain_one(job_config(setup.cfg, job), job.entry, setup.specs[job.entry], str(run_dir), False, None)
+            if metrics is not None:
+                print(f"valid {setup.headline} {metrics['valid'][setup.headline]:.6f}, test {setup.headline} "
+                      f"{metrics['test'][setup.headline]:.6f} ({run_dir / 'metrics.json'})")
+    except Interrupted as exc:  # the retrain's own message names its folder; the race goes on from the search folder
+        kept = "its checkpoint is kept" if (run_dir / CHECKPOINT_FILE).exists() else "it starts again"
+        raise Interrupted(exc.signum, f"stopped the race during {job.entry} at {job.steps} steps, seed {job.seed} ({kept}); "
+                                      f"the finished retrains are kept; continue with: {resume_command(setup.folder)}") from None
     info = {"run": str(run_dir.relative_to(setup.folder)), "wall_time_s": round(time.perf_counter() - t0, 2)}
     if metrics is None:
         return math.inf, {**info, "diverged": True}
@@ -289,16 +301,26 @@ def setup_race(cfg: Config, folder: Path) -> RaceSetup:
 
     Raises:
         OutputError: the folder holds no finished search."""
-    sup = folder / SUPERNET_FILE
-    if not sup.exists():
-        if not (folder / GENOTYPE_FILE).exists():
-            raise OutputError(f"{folder} holds no finished search (no {GENOTYPE_FILE}): nothing to race")
-        Genotype.load(folder / GENOTYPE_FILE).save(sup)
+    sup = supernet_file(folder)
     supernet = Genotype.load(sup)
     corpus = load_corpus(cfg.data)
     entries, aliases, specs = race_pool(cfg, supernet, corpus.vocab_size, folder)
     return RaceSetup(cfg, folder, entries, aliases, specs, cfg.retrain.steps, rule_of(cfg), HEADLINE[cfg.data.tokenizer],
                      study_name(supernet))
+
+
+def supernet_file(folder: Path) -> Path:
+    """``folder/supernet_genotype.json``, the search's read-off: its ``genotype.json`` is renamed
+    so when the race begins, so that ``genotype.json`` is only ever the race's answer.
+
+    Raises:
+        OutputError: the folder holds no finished search."""
+    sup = Path(folder) / SUPERNET_FILE
+    if not sup.exists():
+        if not (Path(folder) / GENOTYPE_FILE).exists():
+            raise OutputError(f"{folder} holds no finished search (no {GENOTYPE_FILE}): nothing to race")
+        os.replace(Path(folder) / GENOTYPE_FILE, sup)
+    return sup
 
 
 def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
@@ -336,7 +358,8 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
 
 def describe_pool(setup: RaceSetup) -> None:
     """Print the pool, the aliases and the rule (stderr)."""
-    rows = [f"  {e.name:10s} {e.kind:8s} {e.placements}" for e in setup.entries]
+    width = max(len(e.name) for e in setup.entries)
+    rows = [f"  {e.name:{width}s}  {e.kind:8s}  {e.placements}" for e in setup.entries]
     same = [f"{a} = {b}" for a, b in setup.aliases.items()]
     steps = rung_steps(setup.full_steps, setup.rule)
     print(f"autoln race -> {setup.folder / RACE_DIR}\n  pool ({len(setup.entries)}):\n" + "\n".join(rows)

@@ -194,7 +194,10 @@ def test_a_stopped_race_resumes_to_the_same_answer(searched, whole):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-2000:]
-    assert not (stopped / "race" / "race.json").exists()
+    text = err.decode()
+    assert "stopped the race during" in text and f"--resume" in text and str(stopped) in text.split("continue with:")[-1]
+    assert "Traceback" not in text  # one line, not Optuna's report of the failed trial
+    assert not (stopped / "race" / "race.json").exists() and not (stopped / "genotype.json").exists()  # no answer yet
     again = subprocess.run([*cmd, "--out", str(stopped)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     a, b = (json.loads((f / "race" / "race.json").read_text()) for f in (whole, stopped))
@@ -264,3 +267,43 @@ def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
     assert seen == [(0, 10)] + [(0, 30)] * 6 + [(0, 90), (0, 90), (1, 90), (1, 90), (2, 90), (2, 90)] and "all-pre" in [e.name for e in outcome.plan.finalists]
     with pytest.raises(ValueError, match="own: 'peri' is not among"):
         autoln.race_genotypes(build, searched, train=lambda m, s, n: None, evaluate=evaluate, steps=9, own="peri")
+
+
+def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    from gpt import GPT, GPTConfig
+
+    import autoln
+    from autoln.api import searchable_sites
+    from autoln.errors import GenotypeError
+
+    cands = ("pre", "post")
+
+    def build():
+        return GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=4, vocab_size=7, bias=False, norm_candidates=cands))
+
+    sites = [n for n, _ in searchable_sites(build())]
+    good = autoln.SiteGenotype(list(cands), {s: "post" for s in sites}, {s: [0.4, 0.6] for s in sites})
+    trained = []
+    kw = dict(train=lambda m, s, n: trained.append(n), evaluate=lambda m: 1.0, steps=9, progress=False)
+    for bad, words in ((dict(searched=None), "searched: expected an autoln.SiteGenotype"),
+                       (dict(searched=[good]), "searched: expected"),
+                       (dict(searched=good, baselines="mix-ln"), "baselines: expected a list of names"),
+                       (dict(searched=good, rule={"eta": 2}), "rule: expected an autoln.race.RaceRule"),
+                       (dict(searched=good, values={"x": 1.0}), "values: expected")):
+        with pytest.raises(ValueError, match=words):
+            autoln.race_genotypes(build, **bad, **kw)
+    misfit = autoln.SiteGenotype(list(cands), {"foo": "pre"}, {"foo": [1.0, 0.0]})
+    with pytest.raises(GenotypeError, match="bad: "):
+        autoln.race_genotypes(build, {"good": good, "bad": misfit}, **kw)
+    assert trained == []  # all refused before the first training
+    with pytest.raises(ValueError, match=r"evaluate returned None \(NoneType\): expected a number"):
+        autoln.race_genotypes(build, good, train=lambda m, s, n: None, evaluate=lambda m: None, steps=9, progress=False)
+    good.save(tmp_path / "g.json")  # a genotype file is taken as the searched genotype
+    out = autoln.race_genotypes(build, str(tmp_path / "g.json"), train=lambda m, s, n: None, evaluate=lambda m: 1.0, steps=9,
+                                progress=False)
+    assert out.verdict.answer.name == "all-pre"  # every value equal: no searched genotype beats the own placement
+    from autoln.errors import DivergenceError
+
+    with pytest.raises(DivergenceError, match="every finalist of the race diverged"):
+        autoln.race_genotypes(build, good, train=lambda m, s, n: None, evaluate=lambda m: float("nan"), steps=9, progress=False)
