@@ -199,3 +199,25 @@ def read_json(path: str | Path) -> Any:
 def save_figure_atomic(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     """Save a matplotlib figure as PNG to ``path`` atomically. Returns the path."""
     return _atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=dpi, bbox_inches="tight"), "wb")
+
+
+def append_csv_row(path: str | Path, fields: list[str], row: dict) -> Path:
+    """Append ``row`` (keys ``fields``) to the CSV table ``path``, its header first when the file
+    is new, flushed and synced to disk: the experiments' tables of measured runs, where a row
+    stands for hours of work and a crash must not lose the rows before it. Returns the path.
+
+    Raises:
+        OSError: the file cannot be written (a full disk names it, :func:`write_failure`)."""
+    import csv
+
+    path = Path(path)
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+

@@ -316,20 +316,27 @@ class SearchLoop:
         """The best :attr:`shortlist` whole genotypes of the trained supernet by one-hot score
         (:func:`autoln.selection.score_select` on the read-off's windows), before any read-off
         changes a weight; the model is left unprojected."""
-        where = "while scoring the race's shortlist (which starts again from the checkpoint of the search's last step)"
+        try:
+            scored = self.scored("while scoring the race's shortlist", "scoring the shortlist")
+        finally:
+            self.model.projected = {}
+        return scored.top[:self.shortlist]
+
+    def scored(self, while_: str, desc: str):
+        """:func:`autoln.selection.score_select` on the read-off's windows, a progress tick and a
+        stop check after each genotype (``while_`` says where a stop came, ``desc`` names the bar)."""
+        where = f"{while_} (which starts again from the checkpoint of the search's last step)"
         self.set_stop_when(where)
-        self.emit("on_selection_start", None, "scoring the shortlist", "genotype")
+        self.emit("on_selection_start", None, desc, "genotype")
 
         def scored_one(_: int) -> None:
             self.emit("on_decided")
             self.stop_if_signalled(where)
 
         try:
-            scored = self.score_select(self.model, self.data.selection_loss, self.seed, progress=scored_one)
+            return self.score_select(self.model, self.data.selection_loss, self.seed, progress=scored_one)
         finally:
-            self.model.projected = {}
             self.emit("on_selection_end")
-        return scored.top[:self.shortlist]
 
     def perturbation(self) -> ReadOff:
         """DARTS-PT (Wang et al. 2021): every site decided in a random order drawn from the seed,
@@ -364,18 +371,7 @@ class SearchLoop:
     def score(self) -> ReadOff:
         """Genotype scoring (SPOS, Guo et al. 2020): whole genotypes imposed one-hot, the lowest
         selection loss wins; no weight changes."""
-        where = "during genotype scoring (which starts again from the checkpoint of the search's last step)"
-        self.set_stop_when(where)
-        self.emit("on_selection_start", None, "scoring genotypes", "genotype")
-
-        def scored_one(_: int) -> None:
-            self.emit("on_decided")
-            self.stop_if_signalled(where)
-
-        try:
-            scored = self.score_select(self.model, self.data.selection_loss, self.seed, progress=scored_one)
-        finally:
-            self.emit("on_selection_end")
+        scored = self.scored("during genotype scoring", "scoring genotypes")
         return ReadOff(scored.choices, self.model.probabilities(), "score", self.sc.steps, scored=scored)
 
     def set_stop_when(self, when: str) -> None:

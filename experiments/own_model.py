@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 import time
@@ -59,6 +58,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
+from autoln.io import append_csv_row  # noqa: E402
 
 TABLE = ROOT / "experiments" / "own_model.csv"
 FIELDS = ["variant", "seed", "genotype", "val", "search_steps", "search_s", "train_s", "setup"]
@@ -97,14 +97,7 @@ def read_table(path: Path) -> dict[tuple[str, int], dict]:
 
 def append_row(path: Path, row: dict) -> None:
     """Append one finished run (``FIELDS``) to the CSV ``path``, header first if new, synced to disk."""
-    new = not path.exists()
-    with open(path, "a", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-        f.flush()
-        os.fsync(f.fileno())
+    append_csv_row(path, FIELDS, row)
 
 
 def trained(cfg: GPTConfig, data, recipe: Recipe, seed: int, genotype=None, init: bool = True) -> tuple[float, float]:

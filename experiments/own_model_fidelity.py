@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import statistics
 import sys
 import time
@@ -50,6 +49,7 @@ from own_model_truth import CANDIDATES, SIZE  # noqa: E402
 from own_model_truth import TABLE as TRUTH  # noqa: E402
 
 import autoln  # noqa: E402
+from autoln.io import append_csv_row  # noqa: E402
 
 OUT = ROOT / "experiments" / "own_model_fidelity.csv"
 FIELDS = ["variant", "search_seed", "tau", "hits", "of", "n", "read_off", "read_off_val", "read_off_pct", "gap_mean", "gap_sd",
@@ -150,14 +150,7 @@ def main(argv=None) -> int:
             if (variant, seed) in have:
                 continue
             row = measure(variant, seed, (train_data, val_data), vocab, args.windows)
-            new = not args.out.exists()
-            with open(args.out, "a", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, fieldnames=FIELDS)
-                if new:
-                    w.writeheader()
-                w.writerow(row)
-                f.flush()
-                os.fsync(f.fileno())
+            append_csv_row(args.out, FIELDS, row)
             print(f"[fidelity] {variant} seed {seed}: tau {row['tau']}, hits {row['hits']}/{row['of']}, read-off {row['read_off']} "
                   f"{row['read_off_val']} ({row['read_off_pct']} %), gap {row['gap_mean']} ± {row['gap_sd']} (truth sd {row['truth_sd']})",
                   flush=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ from own_model_truth import SETUP, SIZE, TABLE, append_row, current_commit  # no
 
 import autoln  # noqa: E402
 from autoln.api_compare import named_site_genotypes, searched_site_genotypes  # noqa: E402
+from autoln.io import append_csv_row  # noqa: E402
 from autoln.model import Site  # noqa: E402
 
 SETS = {"3": ("pre", "post", "deepnorm"), "7": ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")}
@@ -179,14 +179,7 @@ def main(argv=None) -> int:
             if (k, seed) in have:
                 continue
             row = race_one(k, seed, (train_data, val_data), vocab)
-            new = not RACES.exists()
-            with open(RACES, "a", newline="", encoding="utf-8") as f:
-                w = csv.DictWriter(f, fieldnames=RACE_FIELDS)
-                if new:
-                    w.writeheader()
-                w.writerow(row)
-                f.flush()
-                os.fsync(f.fileno())
+            append_csv_row(RACES, RACE_FIELDS, row)
             print(f"[race] {k} candidates, search seed {seed}: {row['verdict']}\n  fresh seeds {FRESH}: answer {row['fresh_answer']}, "
                   f"{row['best_named']} {row['fresh_best_named']}, all-pre {row['fresh_pre']}", flush=True)
     return 0

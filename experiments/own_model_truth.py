@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
+from autoln.io import append_csv_row  # noqa: E402
 from autoln.api import searchable_sites  # noqa: E402
 from autoln.fidelity import sample_genotypes  # noqa: E402
 
@@ -110,14 +110,7 @@ def read_table(path: Path, space: str) -> dict[tuple[str, int, int], dict]:
 
 def append_row(path: Path, row: dict) -> None:
     """Append one finished retrain to the CSV ``path`` (header first if new), synced to disk."""
-    new = not path.exists()
-    with open(path, "a", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-        f.flush()
-        os.fsync(f.fileno())
+    append_csv_row(path, FIELDS, row)
 
 
 def report(done: dict, samples: list[str], named: dict[str, list[str]], steps: int) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -35,6 +34,7 @@ from retrain_table import Row, append_rows, config_id, current_commit, read_tabl
 from validate import add_common_arguments, base_overrides, parse_settings, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.io import append_csv_row  # noqa: E402
 
 SEVEN = "[pre, post, deepnorm, peri, outnorm, lns, none]"
 CANDIDATES = {"3": [], "7": [f"model.candidates={SEVEN}"]}
@@ -146,14 +146,7 @@ def done_races(path: Path) -> set:
 
 def append_race(path: Path, row: dict) -> None:
     """Append one race's row to ``path`` (header first if new), synced to disk."""
-    new = not path.exists()
-    with open(path, "a", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        w.writerow(row)
-        f.flush()
-        os.fsync(f.fileno())
+    append_csv_row(path, FIELDS, row)
 
 
 def main(argv=None) -> int:
