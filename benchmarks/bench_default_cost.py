@@ -5,7 +5,9 @@ shortlist and perturbation read-off, then the race) and one default ``retrain.py
 all-pre`` (1000 steps, final evaluation), both as subprocesses with the same thread count, timed
 from start to exit. Printed: the two wall times, their ratio, and the search's and the race's
 parts (the race's retrains as ``race.json`` records them, and its rungs). The two are measured
-one after the other, so a machine whose load changes between them shifts the ratio: run it alone.
+one after the other, so a machine whose load changes between them shifts that ratio: run it
+alone. A second ratio divides the command's wall time by the mean time of the race's own
+full-budget retrains (default retrains of the same run, under its load).
 
     OMP_NUM_THREADS=2 python benchmarks/bench_default_cost.py [--out runs/bench-cost] [--set KEY=VALUE ...]
 """
@@ -54,9 +56,13 @@ def main(argv=None) -> int:
     genotype = json.loads((args.out / "search" / "supernet_genotype.json").read_text())
     race = json.loads((args.out / "search" / "race" / "race.json").read_text())
     search_s = genotype["provenance"]["metrics"]["wall_time_s"]
+    finals = [j["wall_time_s"] for j in race["jobs"] if j["steps"] == race["full_steps"] and j.get("wall_time_s")]
+    inside = sum(finals) / len(finals) if finals else float("nan")
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}\n"
           f"one default retrain (all-pre, 1000 steps): {retrain_s:.0f} s\n"
           f"python search.py (search + race): {total_s:.0f} s = {total_s / retrain_s:.2f} default retrains\n"
+          f"  against the race's own full-budget retrains (mean {inside:.0f} s each, the same run's load): "
+          f"{total_s / inside:.2f} default retrains\n"
           f"  the search's steps: {search_s:.0f} s; the race's {len(race['jobs'])} retrains: {race['wall_time_s']:.0f} s of "
           f"training; rungs {[(r['steps'], len(r['entries'])) for r in race['rungs']]}\n"
           f"  verdict: {race['verdict']['line']}")
