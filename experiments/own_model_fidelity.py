@@ -14,7 +14,9 @@ retrained at seed 0 with nanoGPT's recipe):
   read-off's (the read-off retrained at seed 0, a row of the table);
 - the fit: the mean and spread of (one-hot loss - retrained loss) over the table's genotypes,
   beside the spread of the retrained losses (a gap far above that spread says the shared
-  weights fit no single path).
+  weights fit no single path);
+- the scales: each candidate's output RMS and share of the mixture at the trained supernet's
+  first site (``autoln.model.candidate_scales`` on 16 validation windows).
 
 Variants (``--variants``): ``softmax`` (today's mixing), ``common`` (``search.candidate_scale:
 common``, each candidate brought to the mixture's RMS), ``spos`` and ``fair`` (single-path
@@ -50,10 +52,11 @@ from own_model_truth import TABLE as TRUTH  # noqa: E402
 
 import autoln  # noqa: E402
 from autoln.io import append_csv_row  # noqa: E402
+from autoln.model import candidate_scales  # noqa: E402
 
 OUT = ROOT / "experiments" / "own_model_fidelity.csv"
 FIELDS = ["variant", "search_seed", "tau", "hits", "of", "n", "read_off", "read_off_val", "read_off_pct", "gap_mean", "gap_sd",
-          "truth_sd", "search_s", "commit"]
+          "truth_sd", "first_site_rms", "first_site_share", "search_s", "commit"]
 
 
 def variant_config(variant: str) -> autoln.SearchConfig:
@@ -115,6 +118,7 @@ def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
     x = torch.stack([torch.from_numpy(val[i:i + t].astype(np.int64)) for i in starts])
     y = torch.stack([torch.from_numpy(val[i + 1:i + 1 + t].astype(np.int64)) for i in starts])
     scores = one_hot_losses(model, sample, (x, y))
+    first = candidate_scales(model, x[:16], lambda x: model(x))["transformer.h.0.attn_site"]  # the trained supernet's first site
     k = max(1, math.ceil(0.1 * len(sample)))
     best_true, best_pred = set(sorted(sample, key=truth.get)[:k]), set(sorted(sample, key=scores.get)[:k])
     tau = float(kendalltau([scores[g] for g in sample], [truth[g] for g in sample]).statistic)
@@ -127,7 +131,10 @@ def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
     return {"variant": variant, "search_seed": seed, "tau": f"{tau:.4f}", "hits": len(best_true & best_pred), "of": k,
             "n": len(sample), "read_off": read_off, "read_off_val": f"{read_off_val:.4f}", "read_off_pct": f"{pct:.1f}",
             "gap_mean": f"{statistics.mean(gaps):.4f}", "gap_sd": f"{statistics.stdev(gaps):.4f}",
-            "truth_sd": f"{statistics.stdev(truth[g] for g in sample):.4f}", "search_s": f"{search_s:.1f}", "commit": tr.commit}
+            "truth_sd": f"{statistics.stdev(truth[g] for g in sample):.4f}",
+            "first_site_rms": " ".join(f"{c}:{v:.3f}" for c, v in first["rms"].items()),
+            "first_site_share": " ".join(f"{c}:{v:.3f}" for c, v in first["share"].items()), "search_s": f"{search_s:.1f}",
+            "commit": tr.commit}
 
 
 def main(argv=None) -> int:
