@@ -118,7 +118,8 @@ def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
     x = torch.stack([torch.from_numpy(val[i:i + t].astype(np.int64)) for i in starts])
     y = torch.stack([torch.from_numpy(val[i + 1:i + 1 + t].astype(np.int64)) for i in starts])
     scores = one_hot_losses(model, sample, (x, y))
-    first = candidate_scales(model, x[:16], lambda x: model(x))["transformer.h.0.attn_site"]  # the trained supernet's first site
+    scales = candidate_scales(model, x[:16], lambda x: model(x))  # the trained supernet's first site
+    first = next(v for k, v in scales.items() if k.endswith("transformer.h.0.attn_site"))
     k = max(1, math.ceil(0.1 * len(sample)))
     best_true, best_pred = set(sorted(sample, key=truth.get)[:k]), set(sorted(sample, key=scores.get)[:k])
     tau = float(kendalltau([scores[g] for g in sample], [truth[g] for g in sample]).statistic)
