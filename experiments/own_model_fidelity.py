@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, batches, load_data  # noqa: E402
 from own_model_race import Trainer  # noqa: E402
-from own_model_truth import CANDIDATES, SIZE  # noqa: E402
+from own_model_truth import CANDIDATES, SETUP, SIZE  # noqa: E402
 from own_model_truth import TABLE as TRUTH  # noqa: E402
 
 import autoln  # noqa: E402
@@ -73,11 +73,15 @@ def variant_config(variant: str) -> autoln.SearchConfig:
 
 
 def truth_values(path: Path = TRUTH, sampled: bool = False) -> dict[str, float]:
-    """The table's seed-0 retrained losses at 500 steps, by genotype (site placements,
-    space-separated): every such row of the seven-candidate space, or only the random sample's."""
+    """The ground truth's seed-0 retrained losses at 500 steps, by genotype (site placements,
+    space-separated): its random sample and named placements (``own_model_truth.py``'s rows; not
+    the races' or these runs' read-offs, so every variant is scored on the same genotypes), or
+    only the random sample."""
+    named = ("all-", "mix-ln", "pre-post")
     with open(path, newline="", encoding="utf-8") as f:
         return {r["genotype"]: float(r["val"]) for r in csv.DictReader(f) if r["seed"] == "0" and r["steps"] == "500"
-                and r["space"] == "+".join(CANDIDATES) and (not sampled or r["name"].startswith("sample"))}
+                and r["space"] == "+".join(CANDIDATES) and r["setup"] == SETUP
+                and (r["name"].startswith("sample") or (not sampled and r["name"].startswith(named)))}
 
 
 @torch.no_grad()
