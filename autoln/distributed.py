@@ -237,19 +237,27 @@ def finish(code: int, lines: Sequence[str], exc: Optional[BaseException] = None)
     SIGTERM to every other one, so rank 0 must not be the last to fail or its line would be cut
     off; the SIGTERM torchrun sends this process once rank 0 has ended makes it exit at once,
     quietly, with ``code``. A rank still running after the wait failed on its own (rank 0
-    waits for it in a collective, say) and prints its lines, marked ``(rank R)``. A signal
-    (130, 143) ends every rank at the same step, so none waits. Then the process group is left.
+    waits for it in a collective, say) and prints its lines, marked ``(rank R)``, leaves the
+    process group and from then on ignores SIGTERM and SIGINT (Python's own shutdown resets the
+    handlers it installed, and torchrun's SIGTERM, sent when rank 0 ends, would then make the
+    status -15 instead of ``code``). A signal (130, 143) ends every rank at the same step, so none
+    waits. Then the process group is left.
     """
+    lingered = False
     try:
         if launched() and (exc is not None or code not in (0, 128 + signal.SIGINT, 128 + signal.SIGTERM)):
             record_error(lines, "".join(traceback.format_exception(exc)) if exc is not None else None)
             if exc is None and launch_rank() != 0 and lines:
                 _wait_for_main(code)
+                lingered = True
                 mark = f"(rank {launch_rank()}) "
                 for line in lines:
                     print(f"error: {mark}{line[7:]}" if line.startswith("error: ") else mark + line, file=sys.stderr, flush=True)
     finally:
         shutdown()
+    if lingered:  # Python's shutdown resets the handlers it installed (not an ignored signal): torchrun's SIGTERM, sent
+        for sig in (signal.SIGTERM, signal.SIGINT):  # when rank 0 ends once this one left the group, would make it -15
+            signal.signal(sig, signal.SIG_IGN)
     return code
 
 
