@@ -253,7 +253,7 @@ def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
 
     Raises:
         ValueError: no searchable site."""
-    import math
+    from .genotype import named_blocks
 
     sites = searchable_sites(model)
     if not sites:
@@ -261,10 +261,9 @@ def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
     cands = list(sites[0][1].placements)
     out = {f"all-{c}": uniform(model, c) for c in cands}
     if "pre" in cands and "post" in cands:
-        n = sites[0][1].n_layers
-        for name, first, rest, k in (("mix-ln", "post", "pre", math.floor(0.25 * n + 0.5)),
-                                     ("pre-post", "pre", "post", math.floor(0.5 * n + 0.5))):
-            chosen = {s: first if site.layer <= k else rest for s, site in sites}
+        for name in ("mix-ln", "pre-post"):
+            blocks = named_blocks(name, sites[0][1].n_layers)
+            chosen = {s: blocks[site.layer - 1] for s, site in sites}
             out[name] = SiteGenotype(cands, chosen, {s: [1.0 if c == chosen[s] else 0.0 for c in cands] for s in chosen})
     return out
 

@@ -346,6 +346,26 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
                     model_dims(cfg, vocab_size), provenance or {})
 
 
+def named_blocks(name: str, n_layers: int) -> list[str]:
+    """The placement of each of ``n_layers`` blocks in the named genotype ``name``:
+    ``all-<candidate>`` (every block that candidate), ``mix-ln`` (the first ``floor(0.25 N + 0.5)``
+    blocks ``post``, the rest ``pre``; Li, Yin, Liu 2024, "Mix-LN") or ``pre-post`` (the first
+    ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``). Halves round up.
+
+    Raises:
+        GenotypeError: unknown name."""
+    n = n_layers
+    if name.startswith("all-") and is_baseline(name):
+        return [name[4:]] * n
+    if name == "mix-ln":
+        n_post = math.floor(0.25 * n + 0.5)
+        return ["post"] * n_post + ["pre"] * (n - n_post)
+    if name == "pre-post":
+        n_pre = math.floor(0.5 * n + 0.5)
+        return ["pre"] * n_pre + ["post"] * (n - n_pre)
+    raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
+
+
 def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     """A named published genotype at ``cfg``'s size: ``all-<candidate>`` (every site that
     candidate, e.g. ``all-pre``, ``all-peri``, ``all-pre:fixed``), ``mix-ln`` (first
@@ -357,17 +377,7 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     Raises:
         GenotypeError: unknown name.
     """
-    n = cfg.n_layers
-    if name.startswith("all-") and is_baseline(name):
-        names = [name[4:]] * n
-    elif name == "mix-ln":
-        n_post = math.floor(0.25 * n + 0.5)
-        names = ["post"] * n_post + ["pre"] * (n - n_post)
-    elif name == "pre-post":
-        n_pre = math.floor(0.5 * n + 0.5)
-        names = ["pre"] * n_pre + ["post"] * (n - n_pre)
-    else:
-        raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
+    names = named_blocks(name, cfg.n_layers)
     if cfg.affine == "fixed":  # every norm's gain and bias fixed, the sites' as the final norm's
         names = [n + ":fixed" if not n.endswith(":fixed") and PLACEMENTS[parse_name(n)[0]].has_norm else n for n in names]
     cands = sorted(set(names), key=placement_names().index)

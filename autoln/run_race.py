@@ -45,7 +45,7 @@ from .compare import retrain_one
 from .config import Config
 from .data import HEADLINE, UNITS, load_corpus
 from .errors import ConfigError, OutputError
-from .genotype import BASELINES, Genotype, baseline, from_probabilities
+from .genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
 from .io import read_json, save_figure_atomic, write_json_atomic
 from .locks import FolderLock
 from .race import Entry, Job, Plan, RaceRule, Verdict, make_pool, plan, rung_steps, verdict
@@ -83,7 +83,7 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
     mc = supernet.model_config(cfg.model)
     probs = supernet.site_probabilities()
     cands = list(supernet.candidates)
-    searched: list[tuple[str, list[int]]] = [("read-off", [cands.index(p) for p in site_names(supernet)])]
+    searched: list[tuple[str, list[int]]] = [("read-off", [cands.index(p) for p in site_rows(supernet.placements, supernet.granularity)])]
     searched.append(("argmax", [int(i) for i in probs.argmax(-1)]))
     for i, entry in enumerate(supernet.provenance.get("selection", {}).get("shortlist", [])):
         searched.append((f"top{i + 1}", [int(c) for c in entry["choices"]]))
@@ -101,13 +101,6 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
                 genotypes[e.name].save(path)
             specs[e.name] = str(path)
     return entries, aliases, specs
-
-
-def site_names(g: Genotype) -> list[str]:
-    """The genotype's placement per site (a block's attention site before its FFN site)."""
-    from .genotype import site_rows
-
-    return site_rows(g.placements, g.granularity)
 
 
 def job_config(cfg: Config, job: Job) -> Config:
@@ -152,7 +145,7 @@ class RaceSetup:
                 "config": {k: rc[k] for k in ("data", "model", "retrain")}}
 
 
-def open_race_study(setup: RaceSetup, create: bool = False):
+def open_race_study(setup: RaceSetup):
     """The race's study on ``tune.storage`` or in ``<folder>/race/study.journal``.
 
     Raises:
@@ -339,7 +332,7 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
     setup = setup_race(cfg, folder)
     # a journal file is this machine's: one command at a time; an RDB study takes every machine's workers
     with FolderLock(folder / RACE_DIR, "race", enabled=cfg.tune.storage is None):
-        study = open_race_study(setup, create=True)
+        study = open_race_study(setup)
         if cfg.tune.storage is None:
             left = fail_left_running(study)
             if left:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import subprocess
 import sys
@@ -60,13 +59,12 @@ def named_genotypes(candidates: tuple[str, ...] = CANDIDATES) -> dict[str, list[
     """The named baselines as site lists (attn, mlp per block): ``all-<c>`` per candidate,
     ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) and
     ``pre-post`` (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``), ``N = 4`` blocks."""
-    n = SIZE["n_layer"]
+    from autoln.genotype import named_blocks
+
     out = {f"all-{c}": [c] * N_SITES for c in candidates}
     if "pre" in candidates and "post" in candidates:
-        k = math.floor(0.25 * n + 0.5)
-        out["mix-ln"] = [p for b in range(n) for p in ["post" if b < k else "pre"] * 2]
-        h = math.floor(0.5 * n + 0.5)
-        out["pre-post"] = [p for b in range(n) for p in ["pre" if b < h else "post"] * 2]
+        for name in ("mix-ln", "pre-post"):
+            out[name] = [p for p in named_blocks(name, SIZE["n_layer"]) for _ in range(2)]  # attn and mlp site of each block
     return out
 
 
