@@ -305,11 +305,14 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
                    progress: bool = True) -> RaceOutcome:
     """The race of ``search.py`` on a user's model (docs/design.md §10; the rule is
     :mod:`autoln.race`): the search's shortlist against the named placements and the model's
-    own placement, decided by real trainings, successive halving ending at ``steps``.
+    own placement, decided by real trainings: successive halving of the searched genotypes
+    ending at ``steps``, every named placement at ``steps`` (seed 0), the finalists at
+    ``rule.final_seeds`` seeds unless the searched one is behind at seed 0.
 
     Per retrain, in this order: ``torch.manual_seed(seed + i)``, ``model = build()``,
     ``derive(model, genotype)``, ``train(model, seed + i, rung_steps)``, ``evaluate(model)``
-    (``i`` the seed index: 0 at the short rungs, ``0..final_seeds-1`` at ``steps``).
+    (``i`` the seed index: 0 at the short rungs and the named placements' first run,
+    ``0..final_seeds-1`` in the final at ``steps``).
 
     Args:
         build: ``() -> nn.Module``, a fresh model with the searched sites.

@@ -10,15 +10,24 @@ The rule, and only the rule, lives here: pure functions of the measurements so f
   ``named`` (the uniform placements of the candidates, ``mix-ln``, ``pre-post``; in a user's
   model its ``own`` placement, which is named and always a finalist). A searched genotype equal
   to a named one is entered as the named one (simpler, and known).
-- **Rungs.** Successive halving (Jamieson & Talwalkar 2016), synchronous: rung ``k`` of ``R``
-  retrains from scratch at ``full_steps / eta^(R-1-k)`` steps (seed index 0). The rungs before
-  the last-but-one prune the searched entries only (the best ``ceil(n / eta)`` survive); the
-  named placements enter at the last-but-one rung, where every survivor runs (learning curves
-  cross, Wu et al. 2018: a short rung would prune a placement that starts slowly and ends
-  best). A short rung only prunes; it never answers.
-- **Final rung.** The best searched entry and the best named one of the last-but-one rung (and
-  the model's own placement, when it is in the pool) at ``full_steps``, ``final_seeds`` seeds
-  each. A pool of two or three entries goes to the final rung directly.
+- **Rungs.** Successive halving (Jamieson & Talwalkar 2016), synchronous, over the *searched*
+  entries: rung ``k`` of ``R`` retrains from scratch at ``full_steps / eta^(R-1-k)`` steps (seed
+  index 0) and keeps the best ``ceil(n / eta)``; after the last short rung the best one goes on.
+  A short rung only prunes the supernet's speculative shortlist; it never answers.
+- **Named rung.** The named placements are known and few, and learning curves cross (Wu et al.
+  2018): in nanoGPT's own model ``all-outnorm`` trails ``all-pre`` until about two thirds of the
+  budget and beats it at the end, so any shorter rung prunes the best named placement
+  (docs/race.md). Every named placement is therefore retrained at ``full_steps`` (seed index 0),
+  beside the searched rungs; the best of them (and the model's own) go on.
+- **Final rung.** The best searched entry and the best named one (and the model's own placement,
+  when it is in the pool) at ``full_steps``. A pool of two or three entries goes to the final
+  rung directly. Seed 0 first: when the searched finalist is not ahead of the best named one
+  there, no values at the remaining seeds could make the paired test below pass (with one
+  difference ``d_1 >= 0`` among ``n`` the paired t statistic is at least ``-(n-1)``, which is
+  not below Student's ``t_{level, n-1}`` for ``n = 3`` at ``level = 0.05``: ``-2 > -2.92``), so
+  the race stops there with the named placement as its answer (a curtailed test: the answer is
+  the one the full final would give; its seeds are spent only where the verdict needs them).
+  Otherwise every finalist runs at seeds ``0..final_seeds-1``.
 - **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
   must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
   same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
@@ -44,6 +53,12 @@ from .errors import DivergenceError
 
 KINDS = ("searched", "named")
 
+#: The rule's revision, recorded with every race of the experiments' tables (``races.csv``,
+#: ``own_model_race.csv``) so that a race is rerun, not reused, when the rule changes: ``r1``
+#: entered the named placements at the last-but-one rung and ran every finalist at every seed;
+#: ``r2`` (this module) runs them at the full budget and may stop the final after seed 0.
+REVISION = "r2"
+
 
 @dataclass(frozen=True)
 class RaceRule:
@@ -66,11 +81,21 @@ class RaceRule:
 
     def describe(self) -> str:
         """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
-        return (f"synchronous successive halving, eta {self.eta}, the last rung at the full retrain budget; "
-                f"the short rungs prune the searched entries, the named placements enter at the last-but-one rung; "
-                f"the best searched and the best named entry are the finalists, at {self.final_seeds} seeds; "
-                f"a searched finalist is the answer only if it beats the best named finalist by a one-sided paired t-test "
-                f"at level {self.level}, else the named placement is")
+        return (f"synchronous successive halving of the searched entries, eta {self.eta}, the last rung at the full retrain budget; "
+                f"every named placement at the full budget (one seed); the best searched and the best named entry are the "
+                f"finalists, at {self.final_seeds} seeds (seed 0 first: a searched finalist not ahead there cannot pass the "
+                f"test, and the race stops); a searched finalist is the answer only if it beats the best named finalist by a "
+                f"one-sided paired t-test at level {self.level}, else the named placement is")
+
+    def curtails(self) -> bool:
+        """True when a searched finalist not ahead at seed 0 can no longer pass the paired test:
+        with one difference ``d_1 >= 0`` among ``n = final_seeds`` the paired t statistic is at
+        least ``-(n - 1)`` (reached with ``d_1 = 0`` and the others equal), so the test is out of
+        reach when ``-(n - 1) >= t.ppf(level, n - 1)`` (``n = 3``, level 0.05: ``-2 >= -2.92``)."""
+        from scipy.stats import t
+
+        n = self.final_seeds
+        return -(n - 1) >= float(t.ppf(self.level, n - 1))
 
 
 @dataclass(frozen=True)
@@ -152,74 +177,100 @@ def score(value: float) -> float:
     return value if math.isfinite(value) else math.inf
 
 
-def promote(alive: Sequence[Entry], values: Mapping[str, float], eta: int, final: bool) -> list[Entry]:
-    """The survivors of one rung (``values``: entry name -> its value there), in pool order.
-    To the final rung: the best searched entry, the best named one and the model's own (when
-    the pool has no searched entry, the two best named ones). Otherwise the best
-    ``ceil(n / eta)`` plus those. Ties rank by pool order."""
-    ranked = sorted(alive, key=lambda e: (score(values[e.name]), alive.index(e)))
-    keep = set() if final else {e.name for e in ranked[:math.ceil(len(ranked) / eta)]}
-    searched = [e for e in ranked if not e.named]
-    named = [e for e in ranked if e.named]
-    keep |= {group[0].name for group in (searched, named) if group}
-    keep |= {e.name for e in alive if e.own}
-    if final and not searched:
-        keep |= {e.name for e in named[:2]}
-    return [e for e in alive if e.name in keep]
+def ranked(entries: Sequence[Entry], values: Mapping[str, float]) -> list[Entry]:
+    """``entries`` best first by ``values`` (entry name -> value; NaN and inf last), ties by
+    the order given."""
+    return sorted(entries, key=lambda e: (score(values[e.name]), entries.index(e)))
+
+
+def finalists_of(searched: Sequence[Entry], named: Sequence[Entry], at: Mapping[str, float]) -> list[Entry]:
+    """The finalists, in pool order (named, then searched): the named placements' best by
+    ``at`` (entry name -> value at the full budget, seed 0) and the model's own, then
+    ``searched`` (the short rungs' survivor: at most one). With no searched entry, the two best
+    named ones."""
+    best = ranked(named, at)[:1 if searched else 2]
+    keep = {e.name for e in best} | {e.name for e in named if e.own}
+    return [e for e in named if e.name in keep] + list(searched)
 
 
 @dataclass
 class Plan:
-    """Where the race stands: ``pending`` (the jobs of the current rung not yet measured),
-    ``rungs`` (per rung reached: its steps, the entries run there and the survivors), ``done``
-    and, when done, the ``finalists``."""
+    """Where the race stands: ``pending`` (the jobs to run next, none measured), ``rungs`` (per
+    rung reached: its steps, the entries run there, the survivors, and ``seeds``), ``done`` and,
+    when done, the ``finalists`` and ``seeds`` (the final rung's seeds measured: ``final_seeds``,
+    or 1 when the final stopped after seed 0)."""
 
     pending: list[Job]
     rungs: list[dict] = field(default_factory=list)
     done: bool = False
     finalists: list[Entry] = field(default_factory=list)
+    seeds: int = 0
+
+
+def hopeless(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> bool:
+    """True when the final can stop after seed 0 (module docstring, **Final rung**): the rule
+    :meth:`RaceRule.curtails`, a named and a searched finalist, and no searched finalist ahead of
+    the best named one at seed 0 (a tie is not ahead)."""
+    at = {e.name: score(values[(e.name, full_steps, 0)]) for e in finalists}
+    named = [at[e.name] for e in finalists if e.named]
+    searched = [at[e.name] for e in finalists if not e.named]
+    return rule.curtails() and bool(named) and bool(searched) and min(searched) >= min(named)
 
 
 def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
     """What the race runs next, from the measurements so far (``values``: ``Job.key`` ->
     value): deterministic, so a resumed race and every worker on one storage agree.
 
-    The short rungs before the last-but-one run the surviving *searched* entries only (seed 0)
-    and keep the best ``ceil(n / eta)`` of them (:func:`promote`): they prune the supernet's
-    speculative shortlist. The named placements are known and few, and a short rung would judge
-    them by how fast they start (short-horizon bias, Wu et al. 2018), so they enter at the
-    last-but-one rung (in nanoGPT's own model ``all-outnorm`` trails ``all-pre`` until about two
-    thirds of the budget and beats it at the end: even that rung misses it, docs/race.md), where
-    every survivor runs and the best searched and the best named entry
-    (and the model's own) go on. When three or fewer entries are left the race goes to the final
-    rung at once. The final rung runs the finalists at ``full_steps`` for seeds
-    ``0..final_seeds-1``."""
+    The short rungs run the surviving *searched* entries (seed 0) and keep the best
+    ``ceil(n / eta)`` of them, the last short rung the best one: they prune the supernet's
+    speculative shortlist. Beside them every named placement runs at ``full_steps`` (seed 0):
+    no short rung judges a named placement by how fast it starts (short-horizon bias, Wu et al.
+    2018; nanoGPT's ``all-outnorm``, docs/race.md). The pending jobs are the named rung's and the
+    searched rung's together (independent: workers run them side by side), and once the short
+    rungs are done, the searched survivor's seed 0 at ``full_steps`` with them. Then the final
+    (:func:`finalists_of`) at ``full_steps``: seed 0 first, and the remaining seeds
+    ``1..final_seeds-1`` unless :func:`hopeless`. When three or fewer entries make the pool,
+    it goes to the final at once."""
     steps = rung_steps(full_steps, rule)
-    alive = list(entries)
     history: list[dict] = []
-    short = steps[:-1]
-    for k, s in enumerate(short):
-        if len(alive) <= 3:
-            break
-        last = k == len(short) - 1
-        running = alive if last else [e for e in alive if not e.named]
-        if not running:
-            continue
-        history.append({"steps": s, "entries": [e.name for e in running]})
-        missing = [Job(e.name, s, 0) for e in running if (e.name, s, 0) not in values]
-        if missing:
-            return Plan(missing, history)
-        at = {e.name: values[(e.name, s, 0)] for e in running}
-        if last:
-            alive = promote(alive, at, rule.eta, final=True)
-        else:
-            kept = {e.name for e in promote(running, at, rule.eta, final=False)}
-            alive = [e for e in alive if e.named or e.name in kept]
-        history[-1]["survivors"] = [e.name for e in alive]
-    jobs = [Job(e.name, full_steps, i) for i in range(rule.final_seeds) for e in alive]
-    history.append({"steps": full_steps, "entries": [e.name for e in alive], "seeds": rule.final_seeds})
-    missing = [j for j in jobs if j.key not in values]
-    return Plan(missing, history, done=not missing, finalists=alive)
+    if len(entries) <= 3 or len(steps) == 1:
+        finalists = list(entries)
+    else:
+        alive = [e for e in entries if not e.named]
+        named = [e for e in entries if e.named]
+        pending: list[Job] = []
+        short = steps[:-1]
+        for k, s in enumerate(short):
+            if len(alive) <= 1:
+                break
+            history.append({"steps": s, "entries": [e.name for e in alive]})
+            pending = [Job(e.name, s, 0) for e in alive if (e.name, s, 0) not in values]
+            if pending:
+                break
+            keep = 1 if k == len(short) - 1 else math.ceil(len(alive) / rule.eta)
+            kept = {e.name for e in ranked(alive, {e.name: values[(e.name, s, 0)] for e in alive})[:keep]}
+            alive = [e for e in alive if e.name in kept]
+            history[-1]["survivors"] = [e.name for e in alive]
+        if not pending and alive and (alive[0].name, full_steps, 0) not in values:
+            pending = [Job(alive[0].name, full_steps, 0)]  # the searched finalist's seed 0 needs no named value: run it now
+        if named:
+            history.append({"steps": full_steps, "entries": [e.name for e in named], "seeds": 1, "named": True})
+            pending = [Job(e.name, full_steps, 0) for e in named if (e.name, full_steps, 0) not in values] + pending
+        if pending:
+            return Plan(pending, history)
+        finalists = finalists_of(alive, named, {e.name: values[(e.name, full_steps, 0)] for e in named})
+        if named:
+            history[-1]["survivors"] = [e.name for e in finalists if e.named]
+    history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.final_seeds})
+    first = [Job(e.name, full_steps, 0) for e in finalists if (e.name, full_steps, 0) not in values]
+    if first:
+        return Plan(first, history)
+    if hopeless(finalists, values, full_steps, rule):
+        history[-1]["seeds"] = 1
+        return Plan([], history, done=True, finalists=finalists, seeds=1)
+    rest = [Job(e.name, full_steps, i) for i in range(1, rule.final_seeds) for e in finalists
+            if (e.name, full_steps, i) not in values]
+    return Plan(rest, history, done=not rest, finalists=finalists, seeds=rule.final_seeds if not rest else 0)
 
 
 @dataclass
@@ -269,10 +320,17 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
     """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
     in the line (e.g. ``bits/byte``).
 
+    The final's seeds are ``final_seeds``, or seed 0 alone when the final stopped there
+    (:func:`hopeless`): then the named placement is the answer, and the line says why.
+
     Raises:
-        KeyError: a finalist's seed not measured.
+        KeyError: a finalist's seed not measured (seed 0, or a later one of a final that could
+            not stop after seed 0).
         DivergenceError: every finalist diverged at some seed: the race has no answer."""
-    per = {e.name: [values[(e.name, full_steps, i)] for i in range(rule.final_seeds)] for e in finalists}
+    n = rule.final_seeds
+    if any((e.name, full_steps, i) not in values for e in finalists for i in range(n)) and hopeless(finalists, values, full_steps, rule):
+        n = 1
+    per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
     if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
         raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
                               "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)")
@@ -283,15 +341,20 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
 
     def shown(e: Entry) -> str:
         m, sd = mean_sd(per[e.name])
-        return f"{e.name} {m:.4f} ± {sd:.4f}" if math.isfinite(m) else f"{e.name} diverged"
+        return (f"{e.name} {m:.4f}" + (f" ± {sd:.4f}" if n > 1 else "")) if math.isfinite(m) else f"{e.name} diverged"
 
-    at = f"at {full_steps} steps, {rule.final_seeds} seeds"
+    at = f"at {full_steps} steps, {n} seeds" if n > 1 else f"at {full_steps} steps, seed 0"
     if named is None:  # no named placement in the pool: the best searched finalist
         return Verdict(rank[0], f"answer: {rank[0].name} ({rank[0].placements}; no named placement raced; {shown(rank[0])}{u} {at})",
                        "searched-wins", searched, None, per)
     if searched is None:
         return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
                        "named-wins", None, named, per)
+    if n == 1:  # the final stopped after seed 0: no later seeds could make the searched finalist pass the test
+        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
+                              f"{shown(named)}{u}; behind at seed 0, it could not pass a one-sided paired t-test at level "
+                              f"{rule.level} over {rule.final_seeds} seeds, so the final stopped there)",
+                       "named-wins", searched, named, per)
     p = paired_p(per[searched.name], per[named.name])
     if rank[0] is named or not math.isfinite(mean_sd(per[searched.name])[0]):
         return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "

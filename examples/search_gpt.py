@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     print(f"supernet's read-off: {outcome.genotype.describe()}  ({out / 'supernet_genotype.json'})")
 
     # 2. the race: the shortlist against the model's own Pre-LN and the named placements, each
-    #    trained from scratch by nanoGPT's loop at the rung's length, the finalists at 3 seeds
+    #    trained from scratch by nanoGPT's loop at the rung's length (the named ones at the full
+    #    budget), the finalists at 3 seeds
     def train_for(model, seed, steps):
         rung = replace(recipe, steps=steps, warmup=round(recipe.warmup * steps / recipe.steps))  # the recipe's schedule, scaled to the rung
         train(model, train_data, args.block_size, rung, seed)

@@ -44,13 +44,14 @@ from own_model_truth import SETUP, SIZE, TABLE, append_row, current_commit  # no
 import autoln  # noqa: E402
 from autoln.api_compare import named_site_genotypes, searched_site_genotypes  # noqa: E402
 from autoln.io import append_csv_row  # noqa: E402
+from autoln.race import REVISION  # noqa: E402
 from autoln.model import Site  # noqa: E402
 
 SETS = {"3": ("pre", "post", "deepnorm"), "7": ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")}
 RACES = ROOT / "experiments" / "own_model_race.csv"
 ANSWERS = ROOT / "experiments" / "own_model"
 FRESH = (3, 4, 5)
-RACE_FIELDS = ["candidates", "search_seed", "read_off", "answer", "answer_genotype", "outcome", "p_value", "verdict",
+RACE_FIELDS = ["candidates", "search_seed", "rule", "read_off", "answer", "answer_genotype", "outcome", "p_value", "verdict",
                "search_s", "race_s", "retrains", "fresh_answer", "fresh_best_named", "best_named", "fresh_pre", "commit"]
 
 
@@ -149,7 +150,7 @@ def race_one(k: str, seed: int, data, vocab: int) -> dict:
     fresh = {}
     for name, g in (("answer", outcome.genotype), ("best_named", named[best_named]), ("pre", named["all-pre"])):
         fresh[name] = [tr.value(g, s, recipe.steps, f"fresh{k}:{name}") for s in FRESH]
-    return {"candidates": k, "search_seed": seed, "read_off": searched.describe(), "answer": outcome.verdict.answer.name,
+    return {"candidates": k, "search_seed": seed, "rule": REVISION, "read_off": searched.describe(), "answer": outcome.verdict.answer.name,
             "answer_genotype": outcome.genotype.describe(), "outcome": outcome.verdict.outcome,
             "p_value": "" if outcome.verdict.p_value is None else f"{outcome.verdict.p_value:.4g}", "verdict": outcome.verdict.line,
             "search_s": f"{searched.provenance.get('wall_time_s', 0):.1f}", "race_s": f"{race_s:.1f}",
@@ -171,12 +172,12 @@ def main(argv=None) -> int:
     have = set()
     if RACES.exists():
         with open(RACES, newline="", encoding="utf-8") as f:
-            have = {(r["candidates"], int(r["search_seed"])) for r in csv.DictReader(f)}
+            have = {(r["candidates"], int(r["search_seed"]), r["rule"]) for r in csv.DictReader(f)}
     for k in args.candidates.split(","):
         if k not in SETS:
             p.error(f"--candidates: expected 3 or 7, got {k!r}")
         for seed in (int(s) for s in args.search_seeds.split(",")):
-            if (k, seed) in have:
+            if (k, seed, REVISION) in have:
                 continue
             row = race_one(k, seed, (train_data, val_data), vocab)
             append_csv_row(RACES, RACE_FIELDS, row)

@@ -35,6 +35,7 @@ from retrain_table import read_table  # noqa: E402
 from validate import add_common_arguments, base_overrides, parse_settings, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
+from autoln.race import REVISION  # noqa: E402
 
 
 class Missing(Exception):
@@ -42,11 +43,11 @@ class Missing(Exception):
 
 
 def searched_races(path: Path, setting: str, space: str) -> list[dict]:
-    """The searched races of ``setting``/``space`` in ``experiments/races.csv``."""
+    """The searched races of ``setting``/``space`` in ``experiments/races.csv`` run by today's rule."""
     if not path.exists():
         return []
     with open(path, newline="", encoding="utf-8") as f:
-        return [r for r in csv.DictReader(f) if (r["setting"], r["space"]) == (setting, space)]
+        return [r for r in csv.DictReader(f) if (r["setting"], r["space"], r["rule"]) == (setting, space, REVISION)]
 
 
 def replay(name: str, overrides: list[str], args) -> str:
@@ -107,26 +108,21 @@ def replay(name: str, overrides: list[str], args) -> str:
             continue
         plan, values = best
         v = R.verdict(plan.finalists, values, full, rule)
-        random_value = statistics.mean(values[(v.answer.name, full, i)] for i in range(rule.final_seeds))
-        for r in races:
-            searched = race_mean(r, retrains, cfg, full, rule)
+        try:  # each answer's worth: its mean over the race's seeds at the full budget (a curtailed final ran seed 0 alone)
+            measure = measure_with(run < args.fill)
+            random_value = statistics.mean(measure(R.Job(v.answer.name, full, i)) for i in range(rule.final_seeds))
+            searched_values = [statistics.mean(measure(R.Job(next((n for n, g in named.items() if g == r["answer_placements"]),
+                                                                  r["answer_placements"]), full, i))
+                                               for i in range(rule.final_seeds)) for r in races]
+        except Missing:
+            missing += 1
+            continue
+        for searched in searched_values:
             wins.append(1.0 if searched < random_value else 0.5 if searched == random_value else 0.0)
     share = 100 * statistics.mean(wins) if wins else float("nan")
     return (f"{name}/{space}: budget {budget:.0f} s (the searched races' mean, search included); {len(races)} searched races, "
             f"{args.runs} simulated runs of random search through the race ({missing} left out for rows the table lacks); "
             f"the searched answer beats random search's in {share:.1f} % of {len(wins)} pairs (aim: 80 %)")
-
-
-def race_mean(race_row: dict, retrains: "TableRetrains", cfg, full: int, rule) -> float:
-    """The searched race's answer's mean valid over the race's seeds at the full budget."""
-    import dataclasses
-
-    vals = []
-    for i in range(rule.final_seeds):
-        c = dataclasses.replace(cfg, retrain=dataclasses.replace(cfg.retrain, seed=cfg.retrain.seed + i))
-        row = retrains.find(c, race_row["answer_placements"])
-        vals.append(row.valid if row is not None else math.inf)
-    return statistics.mean(vals)
 
 
 def write_genotype(cfg, vocab: int, placements: str, folder: Path) -> Path:

@@ -19,7 +19,7 @@ import pytest
 from autoln import cli, run_race
 from autoln.config import load_config
 from autoln.genotype import Genotype
-from autoln.race import Entry, Job, RaceRule, make_pool, paired_p, plan, promote, rung_steps, run, verdict
+from autoln.race import Entry, Job, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
 from autoln.run_search import run_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,53 +48,88 @@ def test_pool_enters_each_genotype_once_the_named_one_first():
         make_pool([("a", "x")], [("a", "y")])
 
 
-def test_promotion_keeps_the_best_of_each_kind_and_the_own():
-    e = [Entry("n1", "a", "named"), Entry("n2", "b", "named"), Entry("s1", "c", "searched"), Entry("s2", "d", "searched"),
-         Entry("own", "e", "named", own=True), Entry("s3", "f", "searched")]
-    v = {"n1": 1.0, "n2": 2.0, "s1": 5.0, "s2": 4.0, "own": 9.0, "s3": math.nan}
-    # ceil(6 / 3) = 2 best (n1, n2), plus the best searched (s2) and the own placement
-    assert [x.name for x in promote(e, v, 3, final=False)] == ["n1", "n2", "s2", "own"]
-    assert [x.name for x in promote(e, v, 3, final=True)] == ["n1", "s2", "own"]
+def test_finalists_are_the_best_named_the_own_and_the_searched_survivor():
+    named = [Entry("n1", "a", "named"), Entry("n2", "b", "named"), Entry("own", "e", "named", own=True)]
+    at = {"n1": 2.0, "n2": 1.0, "own": 9.0}
+    assert [x.name for x in finalists_of([Entry("s2", "d", "searched")], named, at)] == ["n2", "own", "s2"]
+    assert [x.name for x in finalists_of([], named, {**at, "n2": 3.0})] == ["n1", "n2", "own"]  # no searched: two best named
+    assert [x.name for x in finalists_of([], named, {**at, "n2": math.nan})] == ["n1", "own"]  # a diverged one ranks last
 
 
-#: A table counted by hand: 5 named and 3 searched entries, 1000 steps, eta 3. Rung 111 runs the
-#: searched ones only and keeps ceil(3/3) = 1 (top1); rung 333 runs the 5 named and top1, and the
-#: best named there (all-outnorm) and the best searched (top1) go on to 1000 steps at 3 seeds.
+def test_the_curtailed_final_follows_from_student_s_t():
+    from scipy.stats import t
+
+    # one difference d_1 >= 0 among n: the paired t statistic is at least -(n - 1), e.g. d = (0, -x, -x) gives exactly -2
+    assert paired_p([1.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(float(t.cdf(-2.0, 2)))
+    assert float(t.cdf(-2.0, 2)) == pytest.approx(0.0918, abs=1e-4) and 0.0918 > 0.05  # so n = 3 at level 0.05 stops
+    assert RaceRule().curtails() and RaceRule(final_seeds=2).curtails()
+    assert not RaceRule(final_seeds=4).curtails()  # -3 < t(0.05, 3) = -2.353: four seeds could still pass
+    assert not RaceRule(level=0.1).curtails()  # -2 < t(0.1, 2) = -1.886
+
+
+#: A table counted by hand: 5 named and 5 searched entries, 1000 steps, eta 3. Rung 111 runs the
+#: searched ones and keeps ceil(5/3) = 2 (top1, top2); rung 333 keeps the best one (top1). Beside
+#: them the 5 named run at 1000 steps, seed 0: the best there (all-outnorm, which a short rung
+#: would have judged by its slow start) and top1 go to the final at seeds 0, 1, 2.
 TABLE = {
-    ("read-off", 111, 0): 3.40, ("top1", 111, 0): 3.00, ("top2", 111, 0): 3.10,
-    ("all-pre", 333, 0): 2.70, ("all-post", 333, 0): 2.80, ("all-deepnorm", 333, 0): 2.90, ("mix-ln", 333, 0): 2.85,
-    ("all-outnorm", 333, 0): 2.65, ("top1", 333, 0): 2.75,
+    ("read-off", 111, 0): 3.40, ("argmax", 111, 0): 3.30, ("top1", 111, 0): 3.00, ("top2", 111, 0): 3.10, ("top3", 111, 0): 3.20,
+    ("top1", 333, 0): 2.75, ("top2", 333, 0): 2.76,
+    ("all-pre", 1000, 0): 2.350, ("all-post", 1000, 0): 2.420, ("all-deepnorm", 1000, 0): 2.450, ("mix-ln", 1000, 0): 2.380,
     ("all-outnorm", 1000, 0): 2.336, ("all-outnorm", 1000, 1): 2.331, ("all-outnorm", 1000, 2): 2.341,
     ("top1", 1000, 0): 2.320, ("top1", 1000, 1): 2.322, ("top1", 1000, 2): 2.318,
 }
-POOL = [Entry(n, p, "named") for n, p in (("all-pre", "a"), ("all-post", "b"), ("all-deepnorm", "c"), ("mix-ln", "d"),
-                                           ("all-outnorm", "e"))] + [Entry(n, p, "searched") for n, p in (("read-off", "f"), ("top1", "g"), ("top2", "h"))]
+NAMED = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm")
+POOL = [Entry(n, p, "named") for n, p in zip(NAMED, "abcde")] + \
+    [Entry(n, p, "searched") for n, p in zip(("read-off", "argmax", "top1", "top2", "top3"), "fghij")]
 
 
 def test_the_rule_against_a_table_counted_by_hand():
     rule = RaceRule()
     first = plan(POOL, {}, 1000, rule)
-    assert [j.key for j in first.pending] == [("read-off", 111, 0), ("top1", 111, 0), ("top2", 111, 0)] and not first.done
-    second = plan(POOL, {k: v for k, v in TABLE.items() if k[1] == 111}, 1000, rule)
-    assert [j.key for j in second.pending] == [(n, 333, 0) for n in ("all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm", "top1")]
+    assert [j.key for j in first.pending] == [(n, 1000, 0) for n in NAMED] + \
+        [(n, 111, 0) for n in ("read-off", "argmax", "top1", "top2", "top3")] and not first.done  # the long jobs first
+    second = plan(POOL, {k: v for k, v in TABLE.items() if k[1] == 111 or k[2] == 0 and k[0] in NAMED}, 1000, rule)
+    assert [j.key for j in second.pending] == [("top1", 333, 0), ("top2", 333, 0)]
+    third = plan(POOL, {k: v for k, v in TABLE.items() if k[1] < 1000}, 1000, rule)  # the short rungs done, the named not yet
+    assert [j.key for j in third.pending] == [(n, 1000, 0) for n in NAMED] + [("top1", 1000, 0)]  # the survivor's seed 0 beside them
+    fourth = plan(POOL, {k: v for k, v in TABLE.items() if k[2] == 0 and k[:2] != ("top1", 333)}, 1000, rule)
+    assert [j.key for j in fourth.pending] == [("top1", 333, 0)]
     done = plan(POOL, TABLE, 1000, rule)
-    assert done.done and [e.name for e in done.finalists] == ["all-outnorm", "top1"]
-    assert done.rungs[0] == {"steps": 111, "entries": ["read-off", "top1", "top2"],
-                             "survivors": ["all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm", "top1"]}
-    assert done.rungs[1]["survivors"] == ["all-outnorm", "top1"]
-    assert done.rungs[2] == {"steps": 1000, "entries": ["all-outnorm", "top1"], "seeds": 3}
+    assert done.done and [e.name for e in done.finalists] == ["all-outnorm", "top1"] and done.seeds == 3
+    assert done.rungs[0] == {"steps": 111, "entries": ["read-off", "argmax", "top1", "top2", "top3"], "survivors": ["top1", "top2"]}
+    assert done.rungs[1] == {"steps": 333, "entries": ["top1", "top2"], "survivors": ["top1"]}
+    assert done.rungs[2] == {"steps": 1000, "entries": list(NAMED), "seeds": 1, "named": True, "survivors": ["all-outnorm"]}
+    assert done.rungs[3] == {"steps": 1000, "entries": ["all-outnorm", "top1"], "seeds": 3}
     v = verdict(done.finalists, TABLE, 1000, rule, "bits/byte")
     # differences top1 - all-outnorm: -0.016, -0.009, -0.023: mean -0.016, sd 0.007, t = -0.016 / (0.007 / sqrt 3) = -3.959;
     # one-sided p of Student's t with 2 degrees of freedom at -3.959: 0.5 * (1 - t / sqrt(t^2 + 2)) = 0.02913
     assert v.p_value == pytest.approx(0.5 * (1 - 3.959 / math.sqrt(3.959 ** 2 + 2)), abs=2e-4)
     assert v.answer.name == "top1" and v.outcome == "searched-wins"
-    assert v.line.startswith("answer: top1 = g (beats all-outnorm at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, "
+    assert v.line.startswith("answer: top1 = h (beats all-outnorm at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, "
                              "all-outnorm 2.3360 ± 0.0050")
     strict = verdict(done.finalists, TABLE, 1000, RaceRule(level=0.01), "bits/byte")  # the same values at a stricter level: a tie
     assert strict.answer.name == "all-outnorm" and strict.outcome == "tie" and "tied with it" in strict.line
     measured = []
     p, values = run(POOL, 1000, rule, lambda job: measured.append(job.key) or TABLE[job.key])
     assert p.done and sorted(measured) == sorted(TABLE) and values == TABLE  # exactly the table's retrains, once each
+
+
+def test_a_searched_finalist_behind_at_seed_0_ends_the_final_there():
+    behind = {k: v for k, v in TABLE.items() if k[2] == 0}
+    behind[("top1", 1000, 0)] = 2.336  # level with all-outnorm at seed 0: not ahead
+    measured = []
+    p, values = run(POOL, 1000, RaceRule(), lambda job: measured.append(job.key) or behind[job.key])
+    assert p.done and p.seeds == 1 and p.rungs[-1]["seeds"] == 1 and sorted(measured) == sorted(behind)  # no seed 1 or 2
+    v = verdict(p.finalists, values, 1000, RaceRule(), "bits/byte")
+    assert v.answer.name == "all-outnorm" and v.outcome == "named-wins" and v.p_value is None
+    assert v.line == ("answer: all-outnorm (no searched placement beat it at 1000 steps, seed 0: best searched top1 2.3360, "
+                      "all-outnorm 2.3360 bits/byte; behind at seed 0, it could not pass a one-sided paired t-test at level "
+                      "0.05 over 3 seeds, so the final stopped there)")
+    four = RaceRule(final_seeds=4)  # where four seeds could still pass, the final runs them all
+    p4, _ = run(POOL, 1000, four, lambda job: behind.get(job.key, 2.3))
+    assert p4.seeds == 4 and p4.rungs[-1]["seeds"] == 4
+    with pytest.raises(KeyError):  # a final that could not stop needs every seed
+        verdict(p.finalists, {**values, ("top1", 1000, 0): 2.30}, 1000, RaceRule())
 
 
 def test_paired_p_edge_cases():
@@ -261,10 +296,13 @@ def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
                                     progress=False)
     assert outcome.verdict.answer.name == "all-pre" and outcome.verdict.answer.own
     assert outcome.genotype.describe() == "pre pre pre pre" and outcome.genotype.provenance["race"]["answer"] == "all-pre"
-    # 6 entries (argmax = all-post): rung 10 runs the one searched entry (read-off); rung 30 all six; the final takes the
-    # best named (all-pre, the own) and the best searched (read-off) to 90 steps at 3 seeds
-    assert outcome.plan.rungs[1]["survivors"] == ["all-pre", "read-off"]
-    assert seen == [(0, 10)] + [(0, 30)] * 6 + [(0, 90), (0, 90), (1, 90), (1, 90), (2, 90), (2, 90)] and "all-pre" in [e.name for e in outcome.plan.finalists]
+    # 6 entries (argmax = all-post): the one searched entry (read-off) skips the short rungs; the five named run at 90 steps,
+    # seed 0, and the best (all-pre, the own) meets read-off in the final, where read-off is behind at seed 0: the final stops
+    assert outcome.plan.rungs[0] == {"steps": 90, "entries": ["all-pre", "all-post", "all-deepnorm", "mix-ln", "pre-post"],
+                                     "seeds": 1, "named": True, "survivors": ["all-pre"]}
+    assert outcome.plan.rungs[1] == {"steps": 90, "entries": ["all-pre", "read-off"], "seeds": 1}
+    assert seen == [(0, 90)] * 6 and [e.name for e in outcome.plan.finalists] == ["all-pre", "read-off"]
+    assert "so the final stopped there" in outcome.verdict.line
     with pytest.raises(ValueError, match="own: 'peri' is not among"):
         autoln.race_genotypes(build, searched, train=lambda m, s, n: None, evaluate=evaluate, steps=9, own="peri")
 
