@@ -21,13 +21,13 @@ The rule, and only the rule, lives here: pure functions of the measurements so f
   beside the searched rungs; the best of them (and the model's own) go on.
 - **Final rung.** The best searched entry and the best named one (and the model's own placement,
   when it is in the pool) at ``full_steps``. A pool of two or three entries goes to the final
-  rung directly. Seed 0 first: when the searched finalist is not ahead of the best named one
-  there, no values at the remaining seeds could make the paired test below pass (with one
-  difference ``d_1 >= 0`` among ``n`` the paired t statistic is at least ``-(n-1)``, which is
-  not below Student's ``t_{level, n-1}`` for ``n = 3`` at ``level = 0.05``: ``-2 > -2.92``), so
-  the race stops there with the named placement as its answer (a curtailed test: the answer is
-  the one the full final would give; its seeds are spent only where the verdict needs them).
-  Otherwise every finalist runs at seeds ``0..final_seeds-1``.
+  rung directly. The final runs seed by seed: once the searched finalist is not ahead of the
+  best named one at some seed, no values at the remaining seeds could make the paired test below
+  pass (with one difference ``d_i >= 0`` among ``n`` the paired t statistic is at least
+  ``-(n-1)``, which is not below Student's ``t_{level, n-1}`` for ``n = 3`` at ``level = 0.05``:
+  ``-2 > -2.92``), so the race stops there with the named placement as its answer (a curtailed
+  test: the answer the full final would give; the seeds are spent only where the verdict needs
+  them). Otherwise every finalist runs at seeds ``0..final_seeds-1``.
 - **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
   must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
   same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
@@ -56,7 +56,7 @@ KINDS = ("searched", "named")
 #: The rule's revision, recorded with every race of the experiments' tables (``races.csv``,
 #: ``own_model_race.csv``) so that a race is rerun, not reused, when the rule changes: ``r1``
 #: entered the named placements at the last-but-one rung and ran every finalist at every seed;
-#: ``r2`` (this module) runs them at the full budget and may stop the final after seed 0.
+#: ``r2`` (this module) runs them at the full budget and stops the final once its verdict is settled.
 REVISION = "r2"
 
 
@@ -83,8 +83,8 @@ class RaceRule:
         """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
         return (f"synchronous successive halving of the searched entries, eta {self.eta}, the last rung at the full retrain budget; "
                 f"every named placement at the full budget (one seed); the best searched and the best named entry are the "
-                f"finalists, at {self.final_seeds} seeds (seed 0 first: a searched finalist not ahead there cannot pass the "
-                f"test, and the race stops); a searched finalist is the answer only if it beats the best named finalist by a "
+                f"finalists, at {self.final_seeds} seeds run one by one (a searched finalist not ahead at one of them cannot pass "
+                f"the test, and the race stops there); a searched finalist is the answer only if it beats the best named finalist by a "
                 f"one-sided paired t-test at level {self.level}, else the named placement is")
 
     def curtails(self) -> bool:
@@ -198,7 +198,7 @@ class Plan:
     """Where the race stands: ``pending`` (the jobs to run next, none measured), ``rungs`` (per
     rung reached: its steps, the entries run there, the survivors, and ``seeds``), ``done`` and,
     when done, the ``finalists`` and ``seeds`` (the final rung's seeds measured: ``final_seeds``,
-    or 1 when the final stopped after seed 0)."""
+    or fewer when the final stopped early: :func:`hopeless`)."""
 
     pending: list[Job]
     rungs: list[dict] = field(default_factory=list)
@@ -207,14 +207,20 @@ class Plan:
     seeds: int = 0
 
 
-def hopeless(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> bool:
-    """True when the final can stop after seed 0 (module docstring, **Final rung**): the rule
-    :meth:`RaceRule.curtails`, a named and a searched finalist, and no searched finalist ahead of
-    the best named one at seed 0 (a tie is not ahead)."""
-    at = {e.name: score(values[(e.name, full_steps, 0)]) for e in finalists}
-    named = [at[e.name] for e in finalists if e.named]
-    searched = [at[e.name] for e in finalists if not e.named]
-    return rule.curtails() and bool(named) and bool(searched) and min(searched) >= min(named)
+def hopeless(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int = 1) -> bool:
+    """True when the final can stop after its first ``seeds`` seeds (module docstring, **Final
+    rung**): the rule :meth:`RaceRule.curtails`, a named and a searched finalist, and every
+    searched finalist not ahead of every named one at one of those seeds at least (a tie is not
+    ahead; the paired t statistic is symmetric in the seeds, so any one difference ``>= 0``
+    bounds it as the first one does).
+
+    Raises:
+        KeyError: a finalist's seed below ``seeds`` not measured."""
+    per = {e.name: [score(values[(e.name, full_steps, i)]) for i in range(seeds)] for e in finalists}
+    named = [per[e.name] for e in finalists if e.named]
+    searched = [per[e.name] for e in finalists if not e.named]
+    return rule.curtails() and bool(named) and bool(searched) and \
+        all(any(a >= b for a, b in zip(mine, theirs)) for mine in searched for theirs in named)
 
 
 def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
@@ -228,8 +234,8 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
     2018; nanoGPT's ``all-outnorm``, docs/race.md). The pending jobs are the named rung's and the
     searched rung's together (independent: workers run them side by side), and once the short
     rungs are done, the searched survivor's seed 0 at ``full_steps`` with them. Then the final
-    (:func:`finalists_of`) at ``full_steps``: seed 0 first, and the remaining seeds
-    ``1..final_seeds-1`` unless :func:`hopeless`. When three or fewer entries make the pool,
+    (:func:`finalists_of`) at ``full_steps``, seed by seed, until the last of ``final_seeds``
+    or until :func:`hopeless`. When three or fewer entries make the pool,
     it goes to the final at once."""
     steps = rung_steps(full_steps, rule)
     history: list[dict] = []
@@ -262,15 +268,14 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
         if named:
             history[-1]["survivors"] = [e.name for e in finalists if e.named]
     history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.final_seeds})
-    first = [Job(e.name, full_steps, 0) for e in finalists if (e.name, full_steps, 0) not in values]
-    if first:
-        return Plan(first, history)
-    if hopeless(finalists, values, full_steps, rule):
-        history[-1]["seeds"] = 1
-        return Plan([], history, done=True, finalists=finalists, seeds=1)
-    rest = [Job(e.name, full_steps, i) for i in range(1, rule.final_seeds) for e in finalists
-            if (e.name, full_steps, i) not in values]
-    return Plan(rest, history, done=not rest, finalists=finalists, seeds=rule.final_seeds if not rest else 0)
+    for i in range(rule.final_seeds):  # seed by seed, stopping once the verdict cannot change
+        missing = [Job(e.name, full_steps, i) for e in finalists if (e.name, full_steps, i) not in values]
+        if missing:
+            return Plan(missing, history)
+        if i + 1 < rule.final_seeds and hopeless(finalists, values, full_steps, rule, i + 1):
+            history[-1]["seeds"] = i + 1
+            return Plan([], history, done=True, finalists=finalists, seeds=i + 1)
+    return Plan([], history, done=True, finalists=finalists, seeds=rule.final_seeds)
 
 
 @dataclass
@@ -320,16 +325,17 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
     """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
     in the line (e.g. ``bits/byte``).
 
-    The final's seeds are ``final_seeds``, or seed 0 alone when the final stopped there
+    The final's seeds are ``final_seeds``, or fewer when the final stopped early
     (:func:`hopeless`): then the named placement is the answer, and the line says why.
 
     Raises:
         KeyError: a finalist's seed not measured (seed 0, or a later one of a final that could
-            not stop after seed 0).
+            not stop before it).
         DivergenceError: every finalist diverged at some seed: the race has no answer."""
-    n = rule.final_seeds
-    if any((e.name, full_steps, i) not in values for e in finalists for i in range(n)) and hopeless(finalists, values, full_steps, rule):
-        n = 1
+    n = next((i for i in range(rule.final_seeds) if any((e.name, full_steps, i) not in values for e in finalists)), rule.final_seeds)
+    if n < rule.final_seeds and not (n and hopeless(finalists, values, full_steps, rule, n)):
+        missing = next((e.name, full_steps, n) for e in finalists if (e.name, full_steps, n) not in values)
+        raise KeyError(missing)
     per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
     if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
         raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
@@ -350,9 +356,10 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
     if searched is None:
         return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
                        "named-wins", None, named, per)
-    if n == 1:  # the final stopped after seed 0: no later seeds could make the searched finalist pass the test
+    if n < rule.final_seeds:  # the final stopped early: no later seeds could make the searched finalist pass the test
+        where = "behind at seed 0" if n == 1 else f"not ahead at one of the {n} seeds run"
         return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
-                              f"{shown(named)}{u}; behind at seed 0, it could not pass a one-sided paired t-test at level "
+                              f"{shown(named)}{u}; {where}, it could not pass a one-sided paired t-test at level "
                               f"{rule.level} over {rule.final_seeds} seeds, so the final stopped there)",
                        "named-wins", searched, named, per)
     p = paired_p(per[searched.name], per[named.name])

@@ -57,7 +57,15 @@ def test_finalists_are_the_best_named_the_own_and_the_searched_survivor():
 
 
 def test_the_curtailed_final_follows_from_student_s_t():
+    import numpy as np
     from scipy.stats import t
+
+    # a search over paired differences of 3 seeds with one of them >= 0: the t statistic never drops below -2
+    rng = np.random.default_rng(0)
+    d = np.concatenate([np.abs(rng.normal(size=(20000, 1))) * rng.choice([0, 1e-3, 1], size=(20000, 1)),
+                        rng.normal(size=(20000, 2)) * rng.choice([0.01, 1, 100], size=(20000, 1)) - rng.choice([0, 1, 10], size=(20000, 1))], axis=1)
+    stats = np.sqrt(3) * d.mean(axis=1) / d.std(axis=1, ddof=1)
+    assert stats.min() >= -2 - 1e-9 and stats.min() < -1.99
 
     # one difference d_1 >= 0 among n: the paired t statistic is at least -(n - 1), e.g. d = (0, -x, -x) gives exactly -2
     assert paired_p([1.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(float(t.cdf(-2.0, 2)))
@@ -125,6 +133,12 @@ def test_a_searched_finalist_behind_at_seed_0_ends_the_final_there():
     assert v.line == ("answer: all-outnorm (no searched placement beat it at 1000 steps, seed 0: best searched top1 2.3360, "
                       "all-outnorm 2.3360 bits/byte; behind at seed 0, it could not pass a one-sided paired t-test at level "
                       "0.05 over 3 seeds, so the final stopped there)")
+    later = {**TABLE, ("top1", 1000, 1): 2.331}  # ahead at seed 0, level at seed 1: the final stops after two seeds
+    measured = []
+    p2, values2 = run(POOL, 1000, RaceRule(), lambda job: measured.append(job.key) or later[job.key])
+    assert p2.seeds == 2 and ("top1", 1000, 2) not in measured and ("all-outnorm", 1000, 2) not in measured
+    v2 = verdict(p2.finalists, values2, 1000, RaceRule(), "bits/byte")
+    assert v2.answer.name == "all-outnorm" and "not ahead at one of the 2 seeds run" in v2.line and "2 seeds" in v2.line
     four = RaceRule(final_seeds=4)  # where four seeds could still pass, the final runs them all
     p4, _ = run(POOL, 1000, four, lambda job: behind.get(job.key, 2.3))
     assert p4.seeds == 4 and p4.rungs[-1]["seeds"] == 4
