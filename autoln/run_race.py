@@ -169,6 +169,34 @@ def open_race_study(setup: RaceSetup):
     return study
 
 
+def job_key(system_attrs: dict) -> Optional[tuple[str, int, int]]:
+    """``Job.key`` ``(entry, steps, seed)`` of an enqueued trial from its system attributes
+    (Optuna keeps ``enqueue_trial``'s parameters as ``fixed_params``); None for another trial."""
+    params = system_attrs.get("fixed_params")
+    if not params or set(params) != {"entry", "steps", "seed"}:
+        return None
+    return params["entry"], int(params["steps"]), int(params["seed"])
+
+
+def held_before(study, number: int, key: tuple[str, int, int]) -> bool:
+    """Whether a trial numbered below ``number`` holds the job ``key`` (waiting, running or
+    complete). Two workers that read the plan at once both enqueue its next jobs; the earliest
+    trial of a job runs it and the later ones stand down, so no retrain runs twice (and no two
+    workers share a run folder). Optuna pops a waiting trial to one worker only."""
+    from optuna.trial import TrialState
+
+    states = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
+    return any(t.number < number and job_key(t.system_attrs) == key for t in study.get_trials(deepcopy=False, states=states))
+
+
+def stands_down(study, trial) -> bool:
+    """Whether the running ``trial`` (an ``optuna.Trial``) has no job of its own: Optuna made
+    it because another worker took the last queued job first, or an earlier trial holds its job
+    (:func:`held_before`)."""
+    key = job_key(study._storage.get_trial_system_attrs(trial._trial_id))
+    return key is None or held_before(study, trial.number, key)
+
+
 def measured(study) -> tuple[dict, set, dict]:
     """From the study's trials: ``(values, busy, info)``: ``values`` by ``Job.key`` (a diverged
     retrain is ``inf``; a trial that failed otherwise, e.g. stopped, is not a value),
@@ -178,10 +206,9 @@ def measured(study) -> tuple[dict, set, dict]:
 
     values, busy, info = {}, set(), {}
     for t in study.get_trials(deepcopy=False):
-        params = t.system_attrs.get("fixed_params")
-        if not params or set(params) != {"entry", "steps", "seed"}:
+        key = job_key(t.system_attrs)
+        if key is None:
             continue
-        key = (params["entry"], int(params["steps"]), int(params["seed"]))
         if t.state == TrialState.COMPLETE and key not in values:
             values[key] = float(t.value)
             info[key] = {k: t.user_attrs[k] for k in ("wall_time_s", "run", "diverged") if k in t.user_attrs}
@@ -229,8 +256,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
     names = [e.name for e in setup.entries]
 
     def objective(trial) -> float:
-        params = study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params") or {}
-        if set(params) != {"entry", "steps", "seed"}:  # another worker took the last queued job first
+        if stands_down(study, trial):
             trial.set_user_attr("spare", True)
             raise optuna.TrialPruned()
         job = Job(trial.suggest_categorical("entry", names), trial.suggest_int("steps", 1, setup.full_steps),

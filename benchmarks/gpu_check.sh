@@ -22,9 +22,9 @@ PEAK=${PEAK_TFLOPS:-989}
 VARIANTS=derived,supernet_weight,search_order1
 
 if [ "${1:-}" = "--dry" ]; then
-  echo "gpu_check: dry mode (CPU, tiny size)"
+  echo "gpu_check: dry mode (CPU, tiny size; the search without its race: this checks the script runs)"
   bench=(--config configs/tiny.yaml --set search.device=cpu --rounds 2 --warmup 1)
-  search=(--config configs/tiny.yaml --set search.device=cpu --set search.steps=4 --set search.warmup_steps=1 --set search.arch_warmup_steps=0 --set search.eval_every=4 --set search.compile=false)
+  search=(--config configs/tiny.yaml --set search.device=cpu --set race.enabled=false --set search.steps=4 --set search.warmup_steps=1 --set search.arch_warmup_steps=0 --set search.eval_every=4 --set search.compile=false)
 elif [ -n "${1:-}" ]; then
   echo "usage: bash benchmarks/gpu_check.sh [--dry]" >&2; exit 2
 else

@@ -19,6 +19,7 @@ scored against the whole table (e.g. :func:`kendall_tau_of_seeds`, :func:`simula
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -154,18 +155,41 @@ def append_rows(new: Iterable[Row], path: Path = TABLE) -> int:
     """Add the rows of ``new`` whose retrain (:attr:`Row.key`) the table does not hold yet;
     a row it holds is kept as it is (the first measurement stays). Returns how many were added.
 
+    Several experiment processes append to one table: the read and the write happen under an
+    exclusive lock on ``<table>.lock`` (``fcntl.flock``, where the platform has it), so no
+    process writes back a table that lacks another's new rows.
+
     Raises:
         TableError: the existing table is damaged (nothing is written then)."""
-    rows = read_table(path)
-    known = {r.key for r in rows}
-    added = []
-    for row in new:
-        if row.key not in known:
-            known.add(row.key)
-            added.append(row)
-    if added:
-        write_table([*rows, *added], path)
+    new = list(new)
+    with table_lock(Path(path)):
+        rows = read_table(path)
+        known = {r.key for r in rows}
+        added = []
+        for row in new:
+            if row.key not in known:
+                known.add(row.key)
+                added.append(row)
+        if added:
+            write_table([*rows, *added], path)
     return len(added)
+
+
+@contextlib.contextmanager
+def table_lock(path: Path):
+    """An exclusive lock on ``path`` + ``.lock`` for the block (none where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one process at a time is the user's to keep
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def lookup(rows: Iterable[Row], setting: str, space: str, genotype: str, seed: int, steps: int,
@@ -320,13 +344,15 @@ def kendall_tau_of_seeds(rows: Iterable[Row], setting: str, space: str, steps: i
 
 
 def simulate_random_search(rows: Iterable[Row], setting: str, space: str, budget_s: float, rungs: list[int], eta: int,
-                           full_steps: int, runs: int = 500, seed: int = 0) -> list[dict]:
+                           full_steps: int, runs: int = 500, seed: int = 0, genotypes: Optional[Iterable[str]] = None) -> list[dict]:
     """Random search by successive halving (:func:`halving.successive_halving`, the rule
     ``experiments/random_search.py`` runs), replayed ``runs`` times from the table as
     NAS-Bench-201 evaluates black-box methods: each run draws the genotypes measured at every
     rung and at ``full_steps`` (seed 0) in a random order (its own generator,
     ``default_rng([seed, run])``), pays each short retrain's recorded wall time and valid, and
-    answers the best of its last rung. Returns per run ``{"genotype", "valid"`` (its seed-0
+    answers the best of its last rung. ``genotypes`` (placements strings): the random sample to
+    draw from, e.g. ``ground_truth.py``'s; None draws every genotype measured so, which takes in
+    the searched races' own genotypes once the table holds them at the same rungs. Returns per run ``{"genotype", "valid"`` (its seed-0
     retrain at ``full_steps``)``, "evaluated", "spent_s"}``.
 
     Raises:
@@ -334,7 +360,8 @@ def simulate_random_search(rows: Iterable[Row], setting: str, space: str, budget
     rows = [r for r in rows if (r.setting, r.space) == (setting, space)]
     short = {(r.genotype, r.steps): r for r in rows if r.seed == 0 and r.steps in rungs}
     full = {r.genotype: r for r in rows if r.seed == 0 and r.steps == full_steps}
-    pool = sorted(g for g in full if all((g, s) in short for s in rungs))
+    allowed = None if genotypes is None else set(genotypes)
+    pool = sorted(g for g in full if all((g, s) in short for s in rungs) and (allowed is None or g in allowed))
     if not pool:
         raise TableError(f"the table holds no genotype of {setting}/{space} retrained at every rung {rungs} and at "
                          f"{full_steps} steps (seed 0): record random search's short retrains first")
@@ -417,6 +444,8 @@ def main(argv=None) -> int:
     sim.add_argument("--full-steps", type=int, default=1000)
     sim.add_argument("--rungs", default="100,300")
     sim.add_argument("--eta", type=int, default=3)
+    sim.add_argument("--sample-seed", type=int, default=None,
+                     help="draw only the random sample of this seed (ground_truth.py's is 0, random_search.py's 1); default: every genotype measured")
     args = p.parse_args(argv)
 
     def body() -> None:
@@ -428,8 +457,18 @@ def main(argv=None) -> int:
         elif args.command == "summary":
             print(summary(read_table(args.table)))
         else:
-            runs = simulate_random_search(read_table(args.table), args.setting, args.space, args.budget_s,
-                                          [int(s) for s in args.rungs.split(",")], args.eta, args.full_steps, args.runs)
+            rows = read_table(args.table)
+            sample = None
+            if args.sample_seed is not None:
+                from autoln.fidelity import sample_genotypes
+
+                cands = args.space.split("+")
+                n_layers = next((len(r.genotype.split()) for r in rows if (r.setting, r.space) == (args.setting, args.space)), 1)
+                sample = [" ".join(g) for g in sample_genotypes(min(len(cands) ** n_layers, len(rows) + 1), n_layers, cands,
+                                                                 args.sample_seed)]
+            runs = simulate_random_search(rows, args.setting, args.space, args.budget_s,
+                                          [int(s) for s in args.rungs.split(",")], args.eta, args.full_steps, args.runs,
+                                          genotypes=sample)
             values = sorted(r["valid"] for r in runs)
             print(f"{len(runs)} simulated random searches of {args.budget_s:.0f} s: answer's valid at {args.full_steps} steps, "
                   f"median {statistics.median(values):.3f}, q10 {np.quantile(values, 0.1):.3f}, q90 {np.quantile(values, 0.9):.3f}; "

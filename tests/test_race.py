@@ -359,3 +359,28 @@ def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
 
     with pytest.raises(DivergenceError, match="every finalist of the race diverged"):
         autoln.race_genotypes(build, good, train=lambda m, s, n: None, evaluate=lambda m: float("nan"), steps=9, progress=False)
+
+
+def test_a_job_two_workers_enqueued_at_once_runs_in_the_earliest_trial_only():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    for entry in ("top3", "top3", "mix-ln"):  # two workers read the same plan and both enqueued top3
+        study.enqueue_trial({"entry": entry, "steps": 3, "seed": 0})
+    key = ("top3", 3, 0)
+    assert [run_race.job_key(t.system_attrs) for t in study.trials] == [key, key, ("mix-ln", 3, 0)]
+    assert not run_race.held_before(study, 0, key) and run_race.held_before(study, 1, key)
+    assert not run_race.held_before(study, 2, ("mix-ln", 3, 0)) and run_race.job_key({}) is None
+    ran = []
+
+    def objective(trial):
+        if run_race.stands_down(study, trial):
+            raise optuna.TrialPruned()
+        ran.append((trial.number, trial.suggest_categorical("entry", ["top3", "mix-ln"])))
+        return 1.0
+
+    study.optimize(objective, n_trials=4)  # the fourth has no queued job: it stands down as well
+    assert ran == [(0, "top3"), (2, "mix-ln")] and len(study.trials) == 4
+    study.enqueue_trial({"entry": "top3", "steps": 3, "seed": 0})  # a late copy of a finished job stands down too
+    assert run_race.held_before(study, 4, key)

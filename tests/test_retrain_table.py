@@ -16,6 +16,7 @@ from .conftest import ROOT
 sys.path.insert(0, str(ROOT / "experiments"))
 table = importlib.import_module("retrain_table")
 halving = importlib.import_module("halving")
+race_replay = importlib.import_module("race_replay")
 
 SPACE = "pre+post+deepnorm"
 CID = "0123456789ab"
@@ -36,6 +37,26 @@ def test_append_keeps_the_first_measurement_and_reads_back_what_it_wrote(tmp_pat
     assert table.lookup(rows, "shallow", SPACE, "pre pre", 2, 1000) is None
     assert path.read_text().splitlines()[0] == ",".join(table.FIELDS)
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically
+
+
+def _append_one_at_a_time(path: str, worker: int) -> None:
+    for i in range(15):
+        table.append_rows([row("pre pre", 2.0 + i / 100, seed=100 * worker + i)], path)
+
+
+def test_processes_appending_at_once_lose_no_row(tmp_path):
+    # the experiments run side by side on one table: each append reads and writes it whole, under a lock
+    import multiprocessing
+
+    path = tmp_path / "t.csv"
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    procs = [ctx.Process(target=_append_one_at_a_time, args=(path, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    assert sorted(r.seed for r in table.read_table(path)) == sorted(100 * w + i for w in range(4) for i in range(15))
 
 
 @pytest.mark.parametrize("line, why", [
@@ -101,6 +122,13 @@ def test_random_search_replayed_from_the_table_matches_halving_counted_by_hand()
         best = min(first_three, key=short100.get)
         assert (r["genotype"], r["valid"], r["evaluated"], r["spent_s"]) == (best, full[best], 4, 60.0)
     assert len({r["genotype"] for r in runs}) > 1
+    # a searched genotype measured at the same rungs is no random draw: the sample keeps it out
+    rows += [row("deepnorm post", 0.5, steps=100, wall=10.0), row("deepnorm post", 0.5, steps=300, wall=30.0),
+             row("deepnorm post", 0.4)]
+    assert table.simulate_random_search(rows, "shallow", SPACE, 60.0, [100, 300], 3, 1000, runs=50, seed=7,
+                                        genotypes=genotypes) == runs
+    assert "deepnorm post" in {r["genotype"] for r in table.simulate_random_search(rows, "shallow", SPACE, 60.0, [100, 300], 3,
+                                                                                   1000, runs=50, seed=7)}
     with pytest.raises(table.TableError, match="every rung"):
         table.simulate_random_search(rows, "deep", SPACE, 60.0, [100, 300], 3, 1000)
 
@@ -172,3 +200,54 @@ def test_dependable_and_horizon_commands_on_the_tiny_config(tmp_path, cache_dir,
     assert dependable.main([*common, "--method", "default", "--search-seeds", "0,1"]) == 0  # all reused
     assert trained == [] and len(table.read_table(path)) == before
     capsys.readouterr()
+
+
+def test_the_race_replay_draws_the_ground_truth_sample_and_no_searched_genotype():
+    from autoln.fidelity import sample_genotypes
+
+    cands = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
+    stream = [" ".join(g) for g in sample_genotypes(5, 6, cands, 0)]
+    searched = "post pre post deepnorm peri peri"  # a race's answer with seed-0 rows like the sample's
+    assert searched not in stream
+    have = {*stream[:3], stream[4], searched, "pre pre pre pre pre pre"}
+    assert race_replay.random_sample(have, cands, 6, 0) == stream[:3]  # the measured prefix; g03 missing ends it
+    assert race_replay.random_sample(set(), cands, 6, 0) == []
+
+
+def test_the_check_run_runs_the_simulated_race_for_real_and_agrees_where_the_retrains_agree(tmp_path, monkeypatch):
+    """``race_replay.py --check-run``: the real race (retrains faked to return the table's own
+    values) runs job by job until the plan is done, finds the simulated answer and every value."""
+    from argparse import Namespace
+
+    from autoln import race as R
+    from autoln.genotype import baseline
+    from autoln.run_race import job_config, named_specs, rule_of
+
+    cfg = race_replay.setting_config("shallow", TINY_ARGS[3::2], str(ROOT / "configs" / "tiny.yaml"))
+    cands, n, full, fp = cfg.model.searched_candidates(), cfg.model.n_layers, cfg.retrain.steps, "f" * 12
+    space = "+".join(cands)
+    named = {k: baseline(k, cfg.model, 256).describe() for k in named_specs(cands)}
+    sample = [" ".join(cands[(i + j) % len(cands)] for j in range(n)) for i in range(3)]  # no uniform placement (n > 1)
+    value = {g: 2.0 + 0.1 * i for i, g in enumerate([*sample, *named.values()])}
+
+    def row_of(placements: str, job) -> "table.Row":
+        jcfg = job_config(cfg, job)
+        return table.Row("shallow", space, placements, jcfg.retrain.seed, job.steps, jcfg.retrain.final_eval_windows,
+                         value[placements] + 0.01 * job.seed - 0.001 * job.steps, 0.0, 10.0 * job.steps,
+                         table.config_id(jcfg.to_dict(), fp), "abc123")
+
+    rows = [row_of(named.get(e, e), R.Job(e, steps, i)) for e in [*sample, *named]
+            for steps in R.rung_steps(full, rule_of(cfg)) for i in range(rule_of(cfg).final_seeds)]
+    path, check = tmp_path / "t.csv", tmp_path / "check.csv"
+    table.append_rows(rows, path)
+    folder = tmp_path / "replay"
+    s = race_replay.Setup("shallow", space, cfg, 256, fp, named, sample, [], 1e9, folder,
+                          race_replay.TableRetrains("shallow", space, path, folder, fp))
+    ran = []
+    monkeypatch.setattr(race_replay, "task_of", lambda s, job, folder: job)
+    monkeypatch.setattr(race_replay, "run_tasks",
+                        lambda jobs, t, w: ran.extend(jobs) or [row_of(named.get(j.entry, j.entry), j) for j in jobs])
+    report = race_replay.check_run(s, Namespace(check_run=0, seed=0, out=str(tmp_path), check_table=check, workers=1))
+    sim_entries, sim_plan, sim_values, _ = race_replay.simulate(s, 0, 0, False)
+    assert "the same" in report and "differ by at most 0.0000" in report
+    assert sorted(j.key for j in ran) == sorted(sim_values) and sim_plan.done

@@ -241,7 +241,8 @@ def test_a_tune_study_whose_storage_is_out_of_space_says_one_line_and_goes_on_wh
         file, what = out / "study.journal", "the study's journal): File too large"
     else:
         url = f"sqlite:///{tmp_path / 'study.db'}"
-        args += ["--set", f"tune.storage={url}"]
+        # the failed write leaves its trial RUNNING: a short heartbeat lets the re-run fail it in seconds, not a minute
+        args += ["--set", f"tune.storage={url}", "--set", "tune.heartbeat_interval=1", "--set", "tune.grace_period=3"]
         armed = ("optuna.storages._rdb.storage", "RDBStorage.set_trial_state_values", 2)
         file, what = url, "the study's database): disk I/O error"  # SQLite's word for EFBIG
     proc = run_limited(*armed[:2], armed[2], "search", *args[0:], cache=tmp_path / "cache")

@@ -188,10 +188,14 @@ def test_admission_rule_gives_an_exact_cap():
 # --- end to end ----------------------------------------------------------------------------------
 
 
+#: The tiny study at a shorter search and proxy retrain (the tuned arch_warmup_steps stay below 40).
+STUDY = ("--set", "search.steps=40", "--set", "search.eval_every=20", "--set", "tune.proxy_steps=20")
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory, cache):
     out = tmp_path_factory.mktemp("tune") / "study"
-    proc = tune(out, "--set", "tune.n_trials=4", cache=cache)  # four trials of the tiny study
+    proc = tune(out, *STUDY, "--set", "tune.n_trials=4", cache=cache)  # four trials of the tiny study
     return out, proc
 
 
@@ -227,9 +231,9 @@ def test_tune_writes_best_genotype_table_plots_and_hparams(tuned):
 def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
     out, _ = tuned
     before = (out / "trials.csv").read_text()
-    again = tune(out, "--set", "tune.n_trials=4", cache=cache)
+    again = tune(out, *STUDY, "--set", "tune.n_trials=4", cache=cache)
     assert "4/4 finished" in again.stdout and (out / "trials.csv").read_text() == before
-    more = tune(out, "--set", "tune.n_trials=5", cache=cache)
+    more = tune(out, *STUDY, "--set", "tune.n_trials=5", cache=cache)
     table = rows(out)
     assert "5/5 finished" in more.stdout and len(finished(table)) == 5
     assert table[4]["search.arch_lr"] not in {r["search.arch_lr"] for r in table[:4]}  # the resumed sampler draws anew
@@ -238,8 +242,8 @@ def test_rerun_resumes_extends_and_refuses_another_config(tuned, cache):
                                if script == "retrain.py" else [sys.executable, str(ROOT / script), "--config", TINY, "--out", str(out)],
                                capture_output=True, text=True, env={**os.environ, "XDG_CACHE_HOME": cache})
         assert other.returncode == 2 and "holds a tuning study" in other.stderr
-    bad = tune(out, "--set", "tune.n_trials=5", "--set", "search.steps=50", cache=cache, check=False)
-    assert bad.returncode == 2 and "search.steps (100 in the study, 50 now)" in bad.stderr
+    bad = tune(out, *STUDY, "--set", "tune.n_trials=5", "--set", "search.steps=50", cache=cache, check=False)
+    assert bad.returncode == 2 and "search.steps (40 in the study, 50 now)" in bad.stderr
     assert "Traceback" not in bad.stderr and len(rows(out)) == 5
 
 
