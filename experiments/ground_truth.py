@@ -80,21 +80,35 @@ def write_sample(cfg, folder: Path, n: int, seed: int) -> list[str]:
     return paths
 
 
-def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) -> list[float]:
-    """The trained supernet of ``search_dir`` (checkpoint of its last bilevel step) scoring each
-    genotype (per-block names) one-hot on ``windows`` fixed valid windows, nats per token."""
+def trained_supernet(search_dir: Path):
+    """``(supernet, config, corpus)`` of the search in ``search_dir``: its
+    :class:`autoln.supernet.Supernet` with the weights of its checkpoint (the last bilevel step),
+    on the CPU.
+
+    Raises:
+        ConfigError: ``config.yaml`` unreadable (:func:`autoln.config.load_config`);
+        FileNotFoundError: no checkpoint in ``search_dir``."""
     import torch
 
     from autoln.checkpoint import CHECKPOINT_FILE
     from autoln.config import load_config
-    from autoln.data import eval_starts, load_corpus
-    from autoln.fidelity import score_genotypes
+    from autoln.data import load_corpus
     from autoln.supernet import Supernet
 
     cfg = load_config(search_dir / "config.yaml")
     corpus = load_corpus(cfg.data)
     net = Supernet(cfg.model, corpus.vocab_size, mixing=cfg.search.mixing, candidate_scale=cfg.search.candidate_scale)
     net.load_state_dict(torch.load(search_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=True)["model"])
+    return net, cfg, corpus
+
+
+def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) -> list[float]:
+    """The trained supernet of ``search_dir`` (:func:`trained_supernet`) scoring each genotype
+    (per-block names) one-hot on ``windows`` fixed valid windows, nats per token."""
+    from autoln.data import eval_starts
+    from autoln.fidelity import score_genotypes
+
+    net, cfg, corpus = trained_supernet(search_dir)
     valid = corpus.splits["valid"]
     starts = eval_starts(len(valid), cfg.model.context, windows)
     return [float(v) for v in score_genotypes(net, [[(p, p) for p in g] for g in genotypes], valid, starts, cfg.search.batch_size)]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import statistics
 import sys
 import time
@@ -100,11 +99,9 @@ def one_hot_losses(model: autoln.SearchModel, genotypes: list[str], windows: tup
 
 def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
     """One row (module docstring)."""
-    from scipy.stats import kendalltau
-
     cfg = variant_config(variant)
     truth = truth_values()
-    sample = [g for g in truth]
+    sample = list(truth)
     half = len(data[0]) // 2
     torch.manual_seed(seed)
     supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=CANDIDATES))
@@ -124,22 +121,35 @@ def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
     scores = one_hot_losses(model, sample, (x, y))
     scales = candidate_scales(model, x[:16], lambda x: model(x))  # the trained supernet's first site
     first = next(v for k, v in scales.items() if k.endswith("transformer.h.0.attn_site"))
-    k = max(1, math.ceil(0.1 * len(sample)))
-    best_true, best_pred = set(sorted(sample, key=truth.get)[:k]), set(sorted(sample, key=scores.get)[:k])
-    tau = float(kendalltau([scores[g] for g in sample], [truth[g] for g in sample]).statistic)
-    gaps = [scores[g] - truth[g] for g in sample]
-    read_off = outcome.genotype.describe()
     tr = Trainer(CANDIDATES, data, vocab)
     read_off_val = tr.value(outcome.genotype, 0, recipe.steps, f"fidelity:{variant}")
-    pool = list(truth_values(sampled=True).values())
-    pct = 100 * (sum(v > read_off_val for v in pool) + 0.5 * sum(v == read_off_val for v in pool)) / len(pool)
-    return {"variant": variant, "search_seed": seed, "tau": f"{tau:.4f}", "hits": len(best_true & best_pred), "of": k,
-            "n": len(sample), "read_off": read_off, "read_off_val": f"{read_off_val:.4f}", "read_off_pct": f"{pct:.1f}",
-            "gap_mean": f"{statistics.mean(gaps):.4f}", "gap_sd": f"{statistics.stdev(gaps):.4f}",
-            "truth_sd": f"{statistics.stdev(truth[g] for g in sample):.4f}",
+    return fidelity_row(variant, seed, scores, truth, outcome.genotype.describe(), read_off_val,
+                        list(truth_values(sampled=True).values()), first, search_s, tr.commit)
+
+
+def fidelity_row(variant: str, seed: int, scores: dict[str, float], truth: dict[str, float], read_off: str,
+                 read_off_val: float, sample: list[float], first: dict, search_s: float, commit: str) -> dict:
+    """One table row (module docstring; ``FIELDS``): ``scores`` (genotype -> the supernet's
+    one-hot loss) against ``truth`` (genotype -> its seed-0 retrained loss, in the same unit) by
+    :func:`retrain_table.rank_agreement` (Kendall's tau, top-10 % hits) and the fit gap; the
+    read-off's loss ``read_off_val`` as a percentile of ``sample`` (the random sample's losses,
+    :func:`ground_truth.percentile`); ``first``: the first site's ``{"rms", "share"}`` by
+    candidate (:func:`autoln.model.candidate_scales`); ``search_s``: the search's wall time (s).
+
+    Raises:
+        TableError: fewer than two genotypes both scored and measured."""
+    from ground_truth import percentile
+    from retrain_table import rank_agreement
+
+    agree = rank_agreement(scores, truth)
+    gaps = [scores[g] - truth[g] for g in truth]
+    return {"variant": variant, "search_seed": seed, "tau": f"{agree['tau']:.4f}", "hits": agree["hits"], "of": agree["of"],
+            "n": agree["n"], "read_off": read_off, "read_off_val": f"{read_off_val:.4f}",
+            "read_off_pct": f"{percentile(read_off_val, sample):.1f}", "gap_mean": f"{statistics.mean(gaps):.4f}",
+            "gap_sd": f"{statistics.stdev(gaps):.4f}", "truth_sd": f"{statistics.stdev(truth.values()):.4f}",
             "first_site_rms": " ".join(f"{c}:{v:.3f}" for c, v in first["rms"].items()),
             "first_site_share": " ".join(f"{c}:{v:.3f}" for c, v in first["share"].items()), "search_s": f"{search_s:.1f}",
-            "commit": tr.commit}
+            "commit": commit}
 
 
 def main(argv=None) -> int:

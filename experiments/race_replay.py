@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from race import RACES, TableRetrains  # noqa: E402
-from retrain_table import append_rows, read_table, row_from_run  # noqa: E402
+from retrain_table import append_rows, random_sample, read_table, row_from_run  # noqa: E402
 from validate import add_common_arguments, base_overrides, parse_settings, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
@@ -79,6 +79,10 @@ class Setup:
     folder: Path
     retrains: TableRetrains
 
+    def placements(self, entry: str) -> str:
+        """The placements string of a race entry (a named placement's name, else its placements)."""
+        return self.named.get(entry) or entry
+
 
 def setup_of(name: str, overrides: list[str], args) -> Setup | str:
     """The :class:`Setup` of ``name``, or the line saying what it lacks."""
@@ -104,25 +108,11 @@ def setup_of(name: str, overrides: list[str], args) -> Setup | str:
                  TableRetrains(name, space, args.table, folder, corpus.fingerprint))
 
 
-def random_sample(have: set, candidates: list[str], n_layers: int, seed: int) -> list[str]:
-    """The longest prefix of :func:`autoln.fidelity.sample_genotypes`' stream (``seed``) whose
-    genotypes (placements strings) are all in ``have``: the random sample the table measured,
-    never a searched genotype that happens to have the same rows."""
-    from autoln.fidelity import sample_genotypes
-
-    sample = []
-    for g in sample_genotypes(min(len(candidates) ** n_layers, len(have) + 1), n_layers, candidates, seed):
-        if " ".join(g) not in have:
-            break
-        sample.append(" ".join(g))
-    return sample
-
-
 def task_of(s: Setup, job, folder: Path) -> tuple:
     """The arguments of :func:`retrain_task` for ``job`` (an :class:`autoln.race.Job`)."""
     from autoln.run_race import job_config
 
-    placements = s.named.get(job.entry) or job.entry
+    placements = s.placements(job.entry)
     spec = job.entry if job.entry in s.named else str(write_genotype(s.cfg, s.vocab, placements, folder))
     run_dir = folder / placements.replace(" ", "_") / f"steps{job.steps}-seed{job.seed}"
     return (job_config(s.cfg, job), job.entry, spec, s.name, s.space, str(run_dir))
@@ -166,7 +156,7 @@ def measure_with(s: Setup, fill: bool):
     from autoln.run_race import job_config
 
     def measure(job) -> float:
-        placements = s.named.get(job.entry) or job.entry
+        placements = s.placements(job.entry)
         jcfg = job_config(s.cfg, job)
         row = s.retrains.find(jcfg, placements)
         if row is not None:
@@ -181,7 +171,7 @@ def measure_with(s: Setup, fill: bool):
 
 def cost(s: Setup, values: dict) -> float:
     """Wall time (s) of the retrains behind ``values`` (the table rows' ``wall_time_s``)."""
-    return sum(s.retrains.wall.get((s.named.get(e) or e, s.cfg.retrain.seed + i, st), 0.0) for (e, st, i) in values)
+    return sum(s.retrains.wall.get((s.placements(e), s.cfg.retrain.seed + i, st), 0.0) for (e, st, i) in values)
 
 
 def simulate(s: Setup, run: int, seed: int, fill: bool):
@@ -232,7 +222,7 @@ def replay(s: Setup, args) -> str:
             entries, plan, values, n = simulate(s, run, args.seed, fill)
             v = R.verdict(plan.finalists, values, full, rule)
             random_value = answer_worth(s, v.answer.name, fill)
-            searched_values = [answer_worth(s, e, fill) for e in searched]
+            searched_values = [answer_worth(s, e, fill) for e in searched]  # the same in every run
         except Missing:
             missing += 1
             continue
@@ -242,7 +232,7 @@ def replay(s: Setup, args) -> str:
             wins.append((i, 1.0 if value < random_value else 0.5 if value == random_value else 0.0))
         random_values.append(random_value)
     share = 100 * statistics.mean(w for _, w in wins) if wins else float("nan")
-    by_race = ", ".join(f"search seed {r.get('search_seed', i)} ({searched[i]}, {answer_worth(s, searched[i], False):.4f}) "
+    by_race = ", ".join(f"search seed {r.get('search_seed', i)} ({searched[i]}, {searched_values[i]:.4f}) "
                         f"{100 * statistics.mean(w for j, w in wins if j == i):.1f} %" for i, r in enumerate(s.races)) if wins else ""
     spread = (f"random search's answers: mean {statistics.mean(random_values):.4f}, median {statistics.median(random_values):.4f}, "
               f"{min(random_values):.4f}-{max(random_values):.4f}; ") if random_values else ""
@@ -273,6 +263,12 @@ def prefill(s: Setup, args) -> str:
     return f"{s.name}/{s.space}: prefill retrained {len(rows)} short-rung rows ({sum(r is None for r in rows)} diverged)"
 
 
+def check_retrains(s: Setup, args) -> tuple[Path, TableRetrains]:
+    """The real check's run folder and its retrains, kept in ``--check-table`` (module docstring)."""
+    folder = Path(args.out) / s.name / f"race-replay-check{args.check_run}"
+    return folder, TableRetrains(s.name, s.space, args.check_table, folder, s.fingerprint)
+
+
 def check_named(s: Setup, args) -> str:
     """The real check's named rung ahead of it: every named placement at the full budget, seed 0,
     into ``--check-table`` (every race runs it, whatever the draw; it needs no simulation, so it
@@ -280,8 +276,7 @@ def check_named(s: Setup, args) -> str:
     from autoln import race as R
     from autoln.run_race import job_config
 
-    folder = Path(args.out) / s.name / f"race-replay-check{args.check_run}"
-    real = TableRetrains(s.name, s.space, args.check_table, folder, s.fingerprint)
+    folder, real = check_retrains(s, args)
     jobs = [R.Job(n, s.cfg.retrain.steps, 0) for n in s.named]
     run = [j for j in jobs if real.find(job_config(s.cfg, j), s.named[j.entry]) is None]
     rows = run_tasks([task_of(s, j, folder) for j in run], args.check_table, args.workers)
@@ -296,8 +291,7 @@ def check_run(s: Setup, args) -> str:
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
     entries, sim_plan, sim_values, n = simulate(s, args.check_run, args.seed, False)
     sim = R.verdict(sim_plan.finalists, sim_values, full, rule)
-    folder = Path(args.out) / s.name / f"race-replay-check{args.check_run}"
-    real = TableRetrains(s.name, s.space, args.check_table, folder, s.fingerprint)
+    folder, real = check_retrains(s, args)
     values: dict = {}
     t0 = time.perf_counter()
     while True:
@@ -305,14 +299,14 @@ def check_run(s: Setup, args) -> str:
         if plan.done:
             break
         todo = plan.pending  # none measured yet (autoln.race.Plan)
-        found = {j.key: real.find(job_config(s.cfg, j), s.named.get(j.entry) or j.entry) for j in todo}
+        found = {j.key: real.find(job_config(s.cfg, j), s.placements(j.entry)) for j in todo}
         run = [j for j in todo if found[j.key] is None]
         for j, row in zip(run, run_tasks([task_of(s, j, folder) for j in run], args.check_table, args.workers)):
             found[j.key] = row
         for j in todo:
             row = found[j.key]
             values[j.key] = float("inf") if row is None else row.valid
-            real.wall[(s.named.get(j.entry) or j.entry, s.cfg.retrain.seed + j.seed, j.steps)] = row.wall_time_s if row else 0.0
+            real.wall[(s.placements(j.entry), s.cfg.retrain.seed + j.seed, j.steps)] = row.wall_time_s if row else 0.0
     wall = time.perf_counter() - t0
     v = R.verdict(plan.finalists, values, full, rule)
     real_cost = sum(real.wall.values())

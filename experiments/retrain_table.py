@@ -19,7 +19,6 @@ scored against the whole table (e.g. :func:`kendall_tau_of_seeds`, :func:`simula
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import math
@@ -156,13 +155,15 @@ def append_rows(new: Iterable[Row], path: Path = TABLE) -> int:
     a row it holds is kept as it is (the first measurement stays). Returns how many were added.
 
     Several experiment processes append to one table: the read and the write happen under an
-    exclusive lock on ``<table>.lock`` (``fcntl.flock``, where the platform has it), so no
-    process writes back a table that lacks another's new rows.
+    exclusive lock on ``<table>.lock`` (:func:`autoln.locks.build_lock`), so no process writes
+    back a table that lacks another's new rows.
 
     Raises:
         TableError: the existing table is damaged (nothing is written then)."""
+    from autoln.locks import build_lock
+
     new = list(new)
-    with table_lock(Path(path)):
+    with build_lock(Path(path).with_name(Path(path).name + ".lock")):
         rows = read_table(path)
         known = {r.key for r in rows}
         added = []
@@ -173,23 +174,6 @@ def append_rows(new: Iterable[Row], path: Path = TABLE) -> int:
         if added:
             write_table([*rows, *added], path)
     return len(added)
-
-
-@contextlib.contextmanager
-def table_lock(path: Path):
-    """An exclusive lock on ``path`` + ``.lock`` for the block (none where ``fcntl`` is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: one process at a time is the user's to keep
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def lookup(rows: Iterable[Row], setting: str, space: str, genotype: str, seed: int, steps: int,
@@ -343,6 +327,21 @@ def kendall_tau_of_seeds(rows: Iterable[Row], setting: str, space: str, steps: i
     return float(kendalltau([by[g][seeds[0]] for g in both], [by[g][seeds[1]] for g in both]).statistic), len(both)
 
 
+def random_sample(have: set, candidates: list[str], n_layers: int, seed: int) -> list[str]:
+    """The longest prefix of :func:`autoln.fidelity.sample_genotypes`' stream (``seed``; one
+    placement per block, ``n_layers`` blocks) whose genotypes (placements strings) are all in
+    ``have``: the random sample the table measured, never a searched genotype that happens to
+    have the same rows (``experiments/ground_truth.py`` draws seed 0, ``random_search.py`` 1)."""
+    from autoln.fidelity import sample_genotypes
+
+    sample = []
+    for g in sample_genotypes(min(len(candidates) ** n_layers, len(have) + 1), n_layers, candidates, seed):
+        if " ".join(g) not in have:
+            break
+        sample.append(" ".join(g))
+    return sample
+
+
 def simulate_random_search(rows: Iterable[Row], setting: str, space: str, budget_s: float, rungs: list[int], eta: int,
                            full_steps: int, runs: int = 500, seed: int = 0, genotypes: Optional[Iterable[str]] = None) -> list[dict]:
     """Random search by successive halving (:func:`halving.successive_halving`, the rule
@@ -460,12 +459,9 @@ def main(argv=None) -> int:
             rows = read_table(args.table)
             sample = None
             if args.sample_seed is not None:
-                from autoln.fidelity import sample_genotypes
-
-                cands = args.space.split("+")
-                n_layers = next((len(r.genotype.split()) for r in rows if (r.setting, r.space) == (args.setting, args.space)), 1)
-                sample = [" ".join(g) for g in sample_genotypes(min(len(cands) ** n_layers, len(rows) + 1), n_layers, cands,
-                                                                 args.sample_seed)]
+                mine = [r for r in rows if (r.setting, r.space) == (args.setting, args.space)]
+                n_layers = len(mine[0].genotype.split()) if mine else 1
+                sample = random_sample({r.genotype for r in mine}, args.space.split("+"), n_layers, args.sample_seed)
             runs = simulate_random_search(rows, args.setting, args.space, args.budget_s,
                                           [int(s) for s in args.rungs.split(",")], args.eta, args.full_steps, args.runs,
                                           genotypes=sample)

@@ -2,7 +2,7 @@
 
 The ``shallow`` setting of ``experiments/validate.py`` over the seven candidates, judged against
 its ground truth in ``experiments/retrains.csv`` (``experiments/ground_truth.py``'s uniform
-sample, :func:`race_replay.random_sample`, and the named placements, each retrained at seed 0 at
+sample, :func:`retrain_table.random_sample`, and the named placements, each retrained at seed 0 at
 the full budget): per (variant, search seed) the variant's search runs in
 ``<out>/shallow/fidelity7/<variant>-seed<s>`` (reused when finished, resumed when stopped;
 ``softmax`` reuses the race's own search ``<out>/shallow/race7/search-seed<s>`` when it is there),
@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import csv
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ground_truth import supernet_scores  # noqa: E402
-from own_model_fidelity import FIELDS  # noqa: E402
+from ground_truth import supernet_scores, trained_supernet  # noqa: E402
+from own_model_fidelity import FIELDS, fidelity_row  # noqa: E402
 from race import TableRetrains  # noqa: E402
-from race_replay import random_sample  # noqa: E402
-from retrain_table import read_table  # noqa: E402
+from retrain_table import random_sample, read_table  # noqa: E402
 from validate import add_common_arguments, base_overrides, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
@@ -42,6 +40,8 @@ from autoln.io import append_csv_row  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "shallow_fidelity.csv"
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
+#: The variants (``own_model_fidelity.variant_config``'s), in the order of :func:`variant_overrides`.
+VARIANTS = ("softmax", "common", "spos", "fair", "softmax-2x", "softmax-4x")
 
 
 def variant_overrides(variant: str, search_steps: int, warmup: int, arch_warmup: int) -> list[str]:
@@ -56,8 +56,10 @@ def variant_overrides(variant: str, search_steps: int, warmup: int, arch_warmup:
 
 
 def truth(rows, cfg, space: str) -> tuple[dict[str, float], list[str]]:
-    """The seed-0 valid bits per byte at the full budget of the random sample and the named
-    placements (by placements), and the random sample's genotypes."""
+    """The seed-0 valid bits per byte at the full budget (``retrain.steps``) of the random
+    sample and the named placements, by placements string (those the table holds), and the
+    random sample's genotypes (:func:`retrain_table.random_sample`, seed 0). ``rows``: the
+    table's :class:`retrain_table.Row` objects."""
     from autoln.genotype import baseline
     from autoln.run_race import named_specs
 
@@ -84,19 +86,18 @@ def search_dir(cfg, out: Path, variant: str, seed: int) -> Path:
 
 
 def first_site(folder: Path) -> dict:
-    """Each candidate's output RMS and share at the trained supernet's first site on 16 windows."""
+    """``{"rms", "share"}`` by candidate at the first site of the trained supernet in ``folder``
+    (:func:`autoln.model.candidate_scales` on 16 validation windows of ``model.context`` tokens;
+    RMS in the residual stream's units, shares summing to 1).
+
+    Raises:
+        as :func:`ground_truth.trained_supernet`."""
     import torch
 
-    from autoln.checkpoint import CHECKPOINT_FILE
-    from autoln.config import load_config
-    from autoln.data import eval_starts, load_corpus
+    from autoln.data import eval_starts
     from autoln.model import candidate_scales
-    from autoln.supernet import Supernet
 
-    cfg = load_config(folder / "config.yaml")
-    corpus = load_corpus(cfg.data)
-    net = Supernet(cfg.model, corpus.vocab_size, mixing=cfg.search.mixing, candidate_scale=cfg.search.candidate_scale)
-    net.load_state_dict(torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=True)["model"])
+    net, cfg, corpus = trained_supernet(folder)
     valid, t = corpus.splits["valid"], cfg.model.context
     x = torch.stack([torch.from_numpy(valid[s:s + t].astype("int64")) for s in eval_starts(len(valid), t, 16)])
     scales = candidate_scales(net, x, lambda x: net(x))
@@ -104,12 +105,17 @@ def first_site(folder: Path) -> dict:
 
 
 def measure(variant: str, seed: int, args) -> dict:
-    """One row (module docstring)."""
-    from scipy.stats import kendalltau
+    """One row (module docstring): the variant's search (run, resumed or reused), its one-hot
+    scores in bits per byte against the table's seed-0 valid bits per byte, and its read-off
+    retrained at seed 0 (a table row; run when missing).
 
+    Raises:
+        KeyError: an unknown variant; ConfigError: a bad override; TableError: the table holds
+        fewer than two genotypes of the seven-candidate ``shallow`` space."""
+    from autoln.data import load_corpus
     from autoln.genotype import Genotype
-    from autoln.run_race import job_config
     from autoln.race import Job
+    from autoln.run_race import job_config
 
     common = [SEVEN, *base_overrides(args), f"search.seed={seed}", "race.enabled=false"]
     s = setting_config("shallow", common, args.config).search
@@ -122,29 +128,13 @@ def measure(variant: str, seed: int, args) -> dict:
     folder = search_dir(cfg, Path(args.out), variant, seed)
     search_s = time.perf_counter() - t0
     scores = dict(zip(genotypes, (v / math.log(2) for v in supernet_scores(folder, [g.split() for g in genotypes], args.windows))))
-    k = max(1, math.ceil(0.1 * len(genotypes)))
-    best_true, best_pred = set(sorted(genotypes, key=values.get)[:k]), set(sorted(genotypes, key=scores.get)[:k])
-    tau = float(kendalltau([scores[g] for g in genotypes], [values[g] for g in genotypes]).statistic)
-    gaps = [scores[g] - values[g] for g in genotypes]
-    read_off = Genotype.load(folder / "genotype.json")
-    placements = read_off.describe()
-    from autoln.data import load_corpus
-
-    retrains = TableRetrains("shallow", space, args.table, Path(args.out) / "shallow" / "fidelity7" / "retrains",
-                             load_corpus(cfg.data).fingerprint)
-    jcfg = job_config(cfg, Job(placements, cfg.retrain.steps, 0))
-    run_dir = Path(args.out) / "shallow" / "fidelity7" / "retrains" / placements.replace(" ", "_")
-    read_off_val = retrains.value(jcfg, placements, str(folder / "genotype.json"), placements, run_dir)
-    pool = [values[g] for g in sample]
-    pct = 100 * (sum(v > read_off_val for v in pool) + 0.5 * sum(v == read_off_val for v in pool)) / len(pool)
-    first = first_site(folder)
-    return {"variant": variant, "search_seed": seed, "tau": f"{tau:.4f}", "hits": len(best_true & best_pred), "of": k,
-            "n": len(genotypes), "read_off": placements, "read_off_val": f"{read_off_val:.4f}", "read_off_pct": f"{pct:.1f}",
-            "gap_mean": f"{statistics.mean(gaps):.4f}", "gap_sd": f"{statistics.stdev(gaps):.4f}",
-            "truth_sd": f"{statistics.stdev(values.values()):.4f}",
-            "first_site_rms": " ".join(f"{c}:{v:.3f}" for c, v in first["rms"].items()),
-            "first_site_share": " ".join(f"{c}:{v:.3f}" for c, v in first["share"].items()), "search_s": f"{search_s:.1f}",
-            "commit": retrains.commit}
+    placements = Genotype.load(folder / "genotype.json").describe()
+    runs = Path(args.out) / "shallow" / "fidelity7" / "retrains"
+    retrains = TableRetrains("shallow", space, args.table, runs, load_corpus(cfg.data).fingerprint)
+    read_off_val = retrains.value(job_config(cfg, Job(placements, cfg.retrain.steps, 0)), placements,
+                                  str(folder / "genotype.json"), placements, runs / placements.replace(" ", "_"))
+    return fidelity_row(variant, seed, scores, values, placements, read_off_val, [values[g] for g in sample],
+                        first_site(folder), search_s, retrains.commit)
 
 
 def main(argv=None) -> int:
@@ -157,8 +147,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     variants = args.variants.split(",")
     for v in variants:
-        if v not in ("softmax", "common", "spos", "fair", "softmax-2x", "softmax-4x"):
-            p.error(f"--variants: unknown variant {v!r}")
+        if v not in VARIANTS:
+            p.error(f"--variants: unknown variant {v!r} (expected some of {', '.join(VARIANTS)})")
     have = set()
     if args.rows.exists():
         with open(args.rows, newline="", encoding="utf-8") as f:
