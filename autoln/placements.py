@@ -176,18 +176,21 @@ class Placement(nn.Module, abc.ABC):
         bias: with ``affine``, the norms carry a learnable bias (True, ``nn.LayerNorm``'s
             default) or none (False: nanoGPT's ``bias=False``, LLaMA-style stacks).
 
-    Subclasses set ``name``, ``input`` and ``has_norm`` and implement :meth:`output` (and
-    :meth:`branch_input` unless ``input == "raw"``). ``input`` says what ``F`` is fed:
+    Subclasses set ``name``, ``input``, ``has_norm`` and ``normalises_stream`` and implement
+    :meth:`output` (and :meth:`branch_input` unless ``input == "raw"``). ``input`` says what ``F`` is fed:
     ``"raw"`` (``x``: every such candidate of a site shares one call of ``F``), ``"norm"``
     (``self.norm(x)``: candidates of a site with the same ``affine`` share the module
     ``self.norm`` and so one call of ``F``, see :class:`autoln.model.Site`) or ``"own"`` (a
-    call of its own).
+    call of its own). ``normalises_stream``: the sublayer's output, the residual stream the next
+    sublayer reads, is itself a norm's output (Post-LN, DeepNorm: per-token RMS about 1 at unit
+    gain), rather than the incoming stream plus a branch (:func:`stream_groups`).
     """
 
     name: ClassVar[str]
     input: ClassVar[str] = "raw"
     has_norm: ClassVar[bool] = True
     ends_in_norm: ClassVar[bool] = False
+    normalises_stream: ClassVar[bool] = False
 
     def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
                  bias: bool = True) -> None:
@@ -247,6 +250,7 @@ class PostLN(Placement):
 
     name = "post"
     ends_in_norm = True
+    normalises_stream = True
 
     def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
                  bias: bool = True) -> None:
@@ -269,6 +273,7 @@ class DeepNorm(Placement):
 
     name = "deepnorm"
     ends_in_norm = True
+    normalises_stream = True
 
     def __init__(self, d_model: int, n_layers: int, norm: str, layer: int = 1, affine: bool = True,
                  bias: bool = True) -> None:
@@ -403,6 +408,27 @@ def build_placement(name: str, d_model: int, n_layers: int, norm: str, layer: in
     """
     base, affine = parse_name(name)
     return PLACEMENTS[base](d_model, n_layers, norm, layer, affine, bias)
+
+
+#: The two kinds of residual stream (:func:`stream_groups`).
+STREAMS = ("unnormalised", "normalised")
+
+
+def stream_groups(names: Sequence[str]) -> dict[str, list[str]]:
+    """Candidate ``names`` split by the kind of residual stream they leave (issue 44's "split by
+    stream"; SiameseNorm, 2026: one stream cannot carry both kinds): ``"unnormalised"`` (the
+    stream plus a branch: ``pre``, ``peri``, ``outnorm``, ``lns``, ``none``) and ``"normalised"``
+    (a norm's output: ``post``, ``deepnorm``; :attr:`Placement.normalises_stream`), each in the
+    order of ``names``; a group with no member is left out. A ``:fixed`` name goes with its base.
+
+    Raises:
+        KeyError: an unknown candidate name.
+    """
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        kind = STREAMS[PLACEMENTS[parse_name(name)[0]].normalises_stream]
+        groups.setdefault(kind, []).append(name)
+    return {k: groups[k] for k in STREAMS if k in groups}
 
 
 def branch_calls(names: Sequence[str]) -> int:

@@ -21,7 +21,8 @@ retrained at seed 0 with nanoGPT's recipe):
 Variants (``--variants``): ``softmax`` (today's mixing), ``common`` (``search.candidate_scale:
 common``, each candidate brought to the mixture's RMS), ``spos`` and ``fair`` (single-path
 weight steps, SPOS and FairNAS), ``softmax-2x`` and ``softmax-4x`` (the supernet trained 2 and
-4 times as long). One row per (variant, search seed) in ``experiments/own_model_fidelity.csv``,
+4 times as long), ``split`` (one sub-supernet per kind of residual stream, the better one's
+answer: :func:`measure_split`). One row per (variant, search seed) in ``experiments/own_model_fidelity.csv``,
 reused on a re-run::
 
     OMP_NUM_THREADS=1 python experiments/own_model_fidelity.py --data input.txt --variants softmax,common,spos,fair --seeds 0,1,2
@@ -68,7 +69,7 @@ def variant_config(variant: str) -> autoln.SearchConfig:
             "fair": replace(cli, weight_mode="fair"),
             "softmax-2x": replace(cli, steps=2 * cli.steps, warmup_steps=2 * cli.warmup_steps, arch_warmup_steps=2 * cli.arch_warmup_steps),
             "softmax-4x": replace(cli, steps=4 * cli.steps, warmup_steps=4 * cli.warmup_steps, arch_warmup_steps=4 * cli.arch_warmup_steps),
-            }[variant]
+            "split": cli}[variant]
 
 
 def truth_values(path: Path = TRUTH, sampled: bool = False) -> dict[str, float]:
@@ -97,34 +98,91 @@ def one_hot_losses(model: autoln.SearchModel, genotypes: list[str], windows: tup
     return out
 
 
-def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
-    """One row (module docstring)."""
-    cfg = variant_config(variant)
-    truth = truth_values()
-    sample = list(truth)
+def val_windows(val: np.ndarray, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n_windows`` non-overlapping windows of the validation split: inputs and
+    targets, each ``(n, block_size)`` int64."""
+    t = SIZE["block_size"]
+    starts = [i * t for i in range(min(n_windows, (len(val) - 1) // t))]
+    x = torch.stack([torch.from_numpy(val[i:i + t].astype(np.int64)) for i in starts])
+    y = torch.stack([torch.from_numpy(val[i + 1:i + 1 + t].astype(np.int64)) for i in starts])
+    return x, y
+
+
+def trained_supernet(candidates, cfg: autoln.SearchConfig, seed: int, data, vocab: int):
+    """``autoln.search`` of a supernet over ``candidates`` (module docstring) at search seed
+    ``seed``: ``(outcome, its supernet in eval-ready form, wall time s)``."""
     half = len(data[0]) // 2
     torch.manual_seed(seed)
-    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=CANDIDATES))
+    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=tuple(candidates)))
     recipe = Recipe()
     t0 = time.perf_counter()
     outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
                             arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
                             cfg=cfg, seed=seed, progress=False, shortlist=0)
-    search_s = time.perf_counter() - t0
-    model = outcome.model
-    model.projected = {}
-    t = SIZE["block_size"]
-    val = data[1]
-    starts = [i * t for i in range(min(n_windows, (len(val) - 1) // t))]
-    x = torch.stack([torch.from_numpy(val[i:i + t].astype(np.int64)) for i in starts])
-    y = torch.stack([torch.from_numpy(val[i + 1:i + 1 + t].astype(np.int64)) for i in starts])
-    scores = one_hot_losses(model, sample, (x, y))
-    scales = candidate_scales(model, x[:16], lambda x: model(x))  # the trained supernet's first site
-    first = next(v for k, v in scales.items() if k.endswith("transformer.h.0.attn_site"))
+    outcome.model.projected = {}
+    return outcome, outcome.model, time.perf_counter() - t0
+
+
+def first_site(model, x: torch.Tensor) -> dict:
+    """``{"rms", "share"}`` by candidate at the trained supernet's first site (the first
+    attention site, ``autoln.model.candidate_scales`` on ``x[:16]``)."""
+    scales = candidate_scales(model, x[:16], lambda x: model(x))
+    return next(v for k, v in scales.items() if k.endswith("transformer.h.0.attn_site"))
+
+
+def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
+    """One row (module docstring); ``split`` by :func:`measure_split`."""
+    if variant == "split":
+        return measure_split(seed, data, vocab, n_windows)
+    truth = truth_values()
+    outcome, model, search_s = trained_supernet(CANDIDATES, variant_config(variant), seed, data, vocab)
+    x, y = val_windows(data[1], n_windows)
+    scores = one_hot_losses(model, list(truth), (x, y))
     tr = Trainer(CANDIDATES, data, vocab)
-    read_off_val = tr.value(outcome.genotype, 0, recipe.steps, f"fidelity:{variant}")
+    read_off_val = tr.value(outcome.genotype, 0, Recipe().steps, f"fidelity:{variant}")
     return fidelity_row(variant, seed, scores, truth, outcome.genotype.describe(), read_off_val,
-                        list(truth_values(sampled=True).values()), first, search_s, tr.commit)
+                        list(truth_values(sampled=True).values()), first_site(model, x), search_s, tr.commit)
+
+
+def measure_split(seed: int, data, vocab: int, n_windows: int) -> dict:
+    """The ``split`` row (issue 44, variant b): one sub-supernet per kind of residual stream
+    (``autoln.placements.stream_groups``: ``pre peri outnorm lns none`` and ``post deepnorm``),
+    each searched with today's settings; the one whose read-off scores the lower one-hot loss
+    gives the answer. Each table genotype inside one group is scored by that group's supernet;
+    tau and the fit gap are over those, the top-10 % hits over the whole table (a genotype of
+    mixed streams is one the split cannot answer: ranked last)."""
+    from autoln.placements import stream_groups
+
+    truth = truth_values()
+    x, y = val_windows(data[1], n_windows)
+    scores, best, search_s = {}, None, 0.0
+    for group in stream_groups(CANDIDATES).values():
+        outcome, model, secs = trained_supernet(group, autoln.SearchConfig(), seed, data, vocab)
+        search_s += secs
+        inside = [g for g in truth if set(g.split()) <= set(group)]
+        own = one_hot_losses(model, [*inside, outcome.genotype.describe()], (x, y))
+        scores.update({g: own[g] for g in inside})
+        if best is None or own[outcome.genotype.describe()] < best[0]:
+            best = (own[outcome.genotype.describe()], outcome.genotype, first_site(model, x))
+    tr = Trainer(CANDIDATES, data, vocab)
+    read_off_val = tr.value(best[1], 0, Recipe().steps, "fidelity:split")
+    return split_row(seed, scores, truth, best[1].describe(), read_off_val, list(truth_values(sampled=True).values()),
+                     best[2], search_s, tr.commit)
+
+
+def split_row(seed: int, scores: dict[str, float], truth: dict[str, float], read_off: str, read_off_val: float,
+              sample: list[float], first: dict, search_s: float, commit: str) -> dict:
+    """:func:`fidelity_row` of the ``split`` variant: tau and the fit gap over the genotypes it
+    scores (``n``), the top-10 % hits over all of ``truth`` with the unscored ranked last.
+
+    Raises:
+        TableError: fewer than two genotypes both scored and measured."""
+    from retrain_table import rank_agreement
+
+    row = fidelity_row("split", seed, scores, {g: truth[g] for g in scores}, read_off, read_off_val, sample, first, search_s,
+                       commit)
+    whole = rank_agreement({**dict.fromkeys(truth, float("inf")), **scores}, truth)
+    return {**row, "hits": whole["hits"], "of": whole["of"]}
 
 
 def fidelity_row(variant: str, seed: int, scores: dict[str, float], truth: dict[str, float], read_off: str,

@@ -14,7 +14,8 @@ top-10 % hits, the read-off's percentile in the random sample (its seed-0 retrai
 run when missing), the fit gap, and each candidate's output RMS and share at the first site.
 
 Variants: ``own_model_fidelity.py``'s (``softmax``, ``common``, ``spos``, ``fair``,
-``softmax-2x``, ``softmax-4x``), as ``--set`` overrides of ``search`` here. One row per (variant,
+``softmax-2x``, ``softmax-4x``, ``split``), as ``--set`` overrides of ``search`` here (``split``:
+of ``model.candidates``, one search per kind of residual stream). One row per (variant,
 search seed) in ``experiments/shallow_fidelity.csv``, reused on a re-run::
 
     OMP_NUM_THREADS=1 python experiments/shallow_fidelity.py --data $D --variants softmax,common,spos,fair --seeds 0,1,2
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ground_truth import supernet_scores, trained_supernet  # noqa: E402
-from own_model_fidelity import FIELDS, fidelity_row  # noqa: E402
+from own_model_fidelity import FIELDS, fidelity_row, split_row  # noqa: E402
 from race import TableRetrains  # noqa: E402
 from retrain_table import random_sample, read_table  # noqa: E402
 from validate import add_common_arguments, base_overrides, setting_config  # noqa: E402
@@ -41,7 +42,7 @@ from autoln.io import append_csv_row  # noqa: E402
 OUT = Path(__file__).resolve().parent / "shallow_fidelity.csv"
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
 #: The variants (``own_model_fidelity.variant_config``'s), in the order of :func:`variant_overrides`.
-VARIANTS = ("softmax", "common", "spos", "fair", "softmax-2x", "softmax-4x")
+VARIANTS = ("softmax", "common", "spos", "fair", "softmax-2x", "softmax-4x", "split")
 
 
 def variant_overrides(variant: str, search_steps: int, warmup: int, arch_warmup: int) -> list[str]:
@@ -107,34 +108,71 @@ def first_site(folder: Path) -> dict:
 def measure(variant: str, seed: int, args) -> dict:
     """One row (module docstring): the variant's search (run, resumed or reused), its one-hot
     scores in bits per byte against the table's seed-0 valid bits per byte, and its read-off
-    retrained at seed 0 (a table row; run when missing).
+    retrained at seed 0 (a table row; run when missing). ``split``: one search per kind of
+    residual stream (``autoln.placements.stream_groups``, in ``split-<kind>-seed<s>``), each
+    scoring the table genotypes inside its group; the one whose read-off scores lower answers
+    (``own_model_fidelity.split_row``'s figures).
 
     Raises:
         KeyError: an unknown variant; ConfigError: a bad override; TableError: the table holds
         fewer than two genotypes of the seven-candidate ``shallow`` space."""
+    from autoln.placements import stream_groups
+
+    common = [SEVEN, *base_overrides(args), f"search.seed={seed}", "race.enabled=false"]
+    s = setting_config("shallow", common, args.config).search
+    extra = [] if variant == "split" else variant_overrides(variant, s.steps, s.warmup_steps, s.arch_warmup_steps)
+    cfg = setting_config("shallow", [*common, *extra], args.config)
+    values, sample = truth(read_table(args.table), cfg, "+".join(cfg.model.searched_candidates()))
+    if variant != "split":
+        folder, search_s, scores = searched(cfg, args, variant, seed, list(values))
+        return row_of(variant, seed, args, cfg, folder, scores, values, sample, search_s)
+    scores, best, search_s = {}, None, 0.0
+    for kind, group in stream_groups(cfg.model.searched_candidates()).items():
+        sub = setting_config("shallow", [*common, f"model.candidates=[{', '.join(group)}]"], args.config)
+        inside = [g for g in values if set(g.split()) <= set(group)]
+        folder, secs, own = searched(sub, args, f"split-{kind}", seed, inside, read_off=True)
+        search_s += secs
+        read_off = own.pop("read-off")
+        scores.update(own)
+        if best is None or read_off < best[0]:
+            best = (read_off, folder)
+    return row_of(variant, seed, args, cfg, best[1], scores, values, sample, search_s)
+
+
+def searched(cfg, args, variant: str, seed: int, genotypes: list[str], read_off: bool = False):
+    """The variant's search folder (:func:`search_dir`), its wall time (s) and its one-hot
+    scores (bits per byte) of ``genotypes`` and, with ``read_off``, of its own answer (key
+    ``"read-off"``)."""
+    from autoln.genotype import Genotype
+
+    t0 = time.perf_counter()
+    folder = search_dir(cfg, Path(args.out), variant, seed)
+    search_s = time.perf_counter() - t0
+    answer = [Genotype.load(folder / "genotype.json").describe()] if read_off else []
+    keys = [*genotypes, *(["read-off"] if read_off else [])]
+    bits = (v / math.log(2) for v in supernet_scores(folder, [g.split() for g in [*genotypes, *answer]], args.windows))
+    return folder, search_s, dict(zip(keys, bits))
+
+
+def row_of(variant: str, seed: int, args, cfg, folder: Path, scores: dict, values: dict, sample: list[str], search_s: float) -> dict:
+    """The row of ``variant``: the read-off of the search in ``folder`` retrained at seed 0
+    under ``cfg`` (the seven-candidate setting; a table row, run when missing) and the figures of
+    ``own_model_fidelity.fidelity_row`` (``split_row`` for ``split``)."""
     from autoln.data import load_corpus
     from autoln.genotype import Genotype
     from autoln.race import Job
     from autoln.run_race import job_config
 
-    common = [SEVEN, *base_overrides(args), f"search.seed={seed}", "race.enabled=false"]
-    s = setting_config("shallow", common, args.config).search
-    cfg = setting_config("shallow", [*common, *variant_overrides(variant, s.steps, s.warmup_steps, s.arch_warmup_steps)],
-                         args.config)
-    space = "+".join(cfg.model.searched_candidates())
-    values, sample = truth(read_table(args.table), cfg, space)
-    genotypes = list(values)
-    t0 = time.perf_counter()
-    folder = search_dir(cfg, Path(args.out), variant, seed)
-    search_s = time.perf_counter() - t0
-    scores = dict(zip(genotypes, (v / math.log(2) for v in supernet_scores(folder, [g.split() for g in genotypes], args.windows))))
     placements = Genotype.load(folder / "genotype.json").describe()
     runs = Path(args.out) / "shallow" / "fidelity7" / "retrains"
-    retrains = TableRetrains("shallow", space, args.table, runs, load_corpus(cfg.data).fingerprint)
+    retrains = TableRetrains("shallow", "+".join(cfg.model.searched_candidates()), args.table, runs,
+                             load_corpus(cfg.data).fingerprint)
     read_off_val = retrains.value(job_config(cfg, Job(placements, cfg.retrain.steps, 0)), placements,
                                   str(folder / "genotype.json"), placements, runs / placements.replace(" ", "_"))
-    return fidelity_row(variant, seed, scores, values, placements, read_off_val, [values[g] for g in sample],
-                        first_site(folder), search_s, retrains.commit)
+    figures = (scores, values, placements, read_off_val, [values[g] for g in sample], first_site(folder), search_s, retrains.commit)
+    if variant == "split":
+        return split_row(seed, *figures)
+    return fidelity_row(variant, seed, *figures)
 
 
 def main(argv=None) -> int:

@@ -127,3 +127,56 @@ def test_common_scale_is_a_search_setting_of_both_supernets(tmp_path):
                               selection="argmax", monitor_windows=0)
     out = autoln.search(model, batches, cfg=cfg, progress=False, shortlist=0)
     assert {m.candidate_scale for m in out.model.modules() if isinstance(m, Site)} == {"common"}
+
+
+# --- split by stream (issue 44, part 3b) --------------------------------------------------------
+
+
+def test_stream_groups_split_the_seven_candidates_as_the_issue_names_them():
+    from autoln.placements import stream_groups
+
+    seven = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
+    assert stream_groups(seven) == {"unnormalised": ["pre", "peri", "outnorm", "lns", "none"], "normalised": ["post", "deepnorm"]}
+    assert stream_groups(["pre:fixed", "peri"]) == {"unnormalised": ["pre:fixed", "peri"]}  # an empty group is left out
+    assert stream_groups(["deepnorm:fixed", "pre"]) == {"unnormalised": ["pre"], "normalised": ["deepnorm:fixed"]}
+    with pytest.raises(KeyError):
+        stream_groups(["pre", "bogus"])
+
+
+@pytest.mark.parametrize("name", ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"])
+def test_a_placement_normalises_the_stream_exactly_when_its_output_is_a_norm_s(name):
+    from autoln.placements import PLACEMENTS, build_placement
+
+    torch.manual_seed(0)
+    placement = build_placement(name, 16, 4, "layernorm", layer=2)
+    x, fx = 5.0 * torch.randn(3, 4, 16), torch.randn(3, 4, 16)  # a stream of RMS 5 and a branch of RMS 1
+    rms = placement.output(x, fx).pow(2).mean(-1).sqrt()  # per token
+    if PLACEMENTS[name].normalises_stream:  # a LayerNorm's output at gain 1, bias 0: RMS 1 up to eps
+        torch.testing.assert_close(rms, torch.ones_like(rms), rtol=0, atol=1e-4)
+    else:  # the stream itself plus a branch of RMS at most about 1
+        assert bool((rms > 3.5).all())
+
+
+@pytest.mark.parametrize("stream", ["unnormalised", "normalised"])
+def test_one_hot_sub_supernet_of_each_stream_equals_the_derived_model(stream):
+    from autoln.model import build_derived
+    from autoln.placements import stream_groups
+
+    group = stream_groups(["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"])[stream]
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, candidates=group, granularity="sublayer")
+    choices = [[k] * 4 for k in range(len(group))] + [[(3 * i + 1) % len(group) for i in range(4)]]  # each, then a mix
+    for row in choices:
+        torch.manual_seed(0)
+        net = Supernet(cfg, 11)
+        with torch.no_grad():
+            net.alphas.fill_(-1e4)
+            for i, k in enumerate(row):
+                net.alphas[i, k] = 1e4
+            for n, p in net.named_parameters():
+                if "norm" in n:
+                    p.add_(0.1 * torch.randn_like(p))
+        names = [group[k] for k in row]
+        derived = build_derived(cfg, 11, [(names[2 * i], names[2 * i + 1]) for i in range(2)])
+        assert derived.load_state_dict(net.state_dict(), strict=False).missing_keys == []
+        idx = torch.randint(0, 11, (3, 8))
+        torch.testing.assert_close(net(idx)[0], derived(idx)[0], rtol=0, atol=1e-5)
