@@ -42,13 +42,13 @@ from torch import nn
 from .branches import deepnorm_weights as find_deepnorm_weights
 from .config import SearchConfig
 from .errors import GenotypeError, OutputError, cut, quoted
+from .genotype import FORMAT, SITE_FORMAT
 from .mixing import MIXINGS
 from .model import Site, TransformerLM
 from .placements import parse_name, placement_names
 from .supernet import SupernetMixin, set_candidate_scale
 
 LossFn = Callable[[nn.Module, torch.Tensor, Optional[torch.Tensor]], tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]
-SITE_FORMAT = "autoln.site-genotype"
 
 
 def nanogpt_loss(model: nn.Module, x: torch.Tensor, y: Optional[torch.Tensor]):
@@ -65,8 +65,9 @@ def nanogpt_loss(model: nn.Module, x: torch.Tensor, y: Optional[torch.Tensor]):
 
 def searchable_sites(model: nn.Module) -> list[tuple[str, Site]]:
     """``(module name, site)`` of every :class:`autoln.model.Site` of ``model`` with two or more
-    candidates, in module order (the order of the alpha rows)."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, Site) and len(m.placements) > 1]
+    candidates, in module order (the order of the alpha rows); names as the plain model inside
+    a DDP, DataParallel or ``torch.compile`` wrapper gives them (:func:`unwrap`)."""
+    return [(name, m) for name, m in model_sites(unwrap(model)) if len(m.placements) > 1]
 
 
 class SearchModel(SupernetMixin, nn.Module):
@@ -110,9 +111,18 @@ class SearchModel(SupernetMixin, nn.Module):
             if list(site.placements) != cands:
                 raise ValueError(f"site {name!r} offers {list(site.placements)} but {sites[0][0]!r} offers {cands}: "
                                  "every searched site needs the same candidates, in the same order")
+        depths = sorted({site.n_layers for _, site in sites})
+        if len(depths) > 1:
+            raise ValueError(f"the sites disagree on n_layers ({depths}): pass every site the model's number of blocks N "
+                             "(DeepNorm's constants and the named placements use it)")
         self.model = model
         self.loss_fn = loss_fn or nanogpt_loss
         self.sites = [s for _, s in sites]  # plain list: the sites are registered once, inside model
+        #: One line each on what the sites' ``layer`` and ``n_layers`` leave doubtful (:func:`layer_notes`).
+        self.layer_notes = layer_notes(sites)
+        #: The searchable sites the first forward pass did not call (:meth:`forward`); None before it.
+        self.unused_sites: Optional[list[str]] = None
+        self._watch = [site.register_forward_pre_hook(lambda m, args: setattr(m, "_called", True)) for _, site in sites]
         #: the searchable sites' module names, in module order (one per :attr:`sites` entry)
         self.module_sites = [n for n, _ in sites]
         self.rows = site_rows(self.module_sites, groups)
@@ -144,6 +154,47 @@ class SearchModel(SupernetMixin, nn.Module):
         finally:
             for site in self.sites:
                 site.mix = None
+            if self._watch:
+                self._first_pass_done()
+
+    def _first_pass_done(self) -> None:
+        """After the first forward pass: note the sites it did not call (:attr:`unused_sites`,
+        one warning on stderr) and remove the hooks that watched them."""
+        for hook in self._watch:
+            hook.remove()
+        self._watch = []
+        self.unused_sites = [n for n, site in zip(self.module_sites, self.sites) if not site.__dict__.pop("_called", False)]
+        for site in self.sites:
+            site.__dict__.pop("_called", None)
+        if self.unused_sites:
+            print(f"autoln.search: warning: {unused_note(self.unused_sites)}", file=sys.stderr, flush=True)
+
+
+def unused_note(names: Sequence[str]) -> str:
+    """The line on searchable sites that the model's forward never calls."""
+    return (f"the model's forward never calls the site(s) {list(names)}: they take no part in the loss, so their answer is "
+            "their alphas' random start, not a result; call each site in forward (x = self.attn_site(x, self.attn)) or "
+            "give it one candidate")
+
+
+def layer_notes(sites: Sequence[tuple[str, Site]]) -> list[str]:
+    """One line each on what the sites' ``layer`` and ``n_layers`` leave doubtful (the model
+    cannot say how many blocks it has, so these are notes, not errors): every site at
+    ``layer=1`` of several (LayerNorm Scaling's ``1/sqrt(l)`` is then 1 everywhere, and the
+    named placements put every site in the first block); the sites reaching a lower layer than
+    ``n_layers`` (DeepNorm's constants and init gain use ``N = n_layers``)."""
+    if not sites:
+        return []
+    n = sites[0][1].n_layers
+    layers = sorted({site.layer for _, site in sites})
+    notes = []
+    if n > 1 and len(sites) > 1 and layers == [1]:
+        notes.append(f"every one of the {len(sites)} sites is at layer=1 of n_layers={n}: LayerNorm Scaling's 1/sqrt(l) is 1 at "
+                     "every site and mix-ln and pre-post put every site in the first block; pass block i's sites layer=i + 1")
+    elif layers[-1] < n:
+        notes.append(f"the sites reach layer {layers[-1]} but n_layers={n}: DeepNorm's alpha = (2N)^(1/4) and init gain "
+                     f"(8N)^(-1/4) use N={n}; if the model has {layers[-1]} blocks, pass n_layers={layers[-1]}")
+    return notes
 
 
 def site_rows(names: Sequence[str], groups: Optional[Sequence[Sequence[str]]]) -> Optional[list[int]]:
@@ -226,6 +277,10 @@ class SiteGenotype:
         def fail(key: str, why: str) -> GenotypeError:
             return GenotypeError(f"{source}: field '{cut(key)}': {why}")
 
+        if isinstance(obj, dict) and obj.get("format") == FORMAT:
+            raise GenotypeError(f"{source}: this is search.py's genotype of autoln's own model (format {FORMAT!r}), not "
+                                f"autoln.search's genotype of a model of your own (format {SITE_FORMAT!r}); retrain it with "
+                                "python retrain.py --genotype <its genotype.json>")
         if not isinstance(obj, dict) or obj.get("format") != SITE_FORMAT or obj.get("version") != 1:
             raise fail("format", f"expected format {SITE_FORMAT!r} version 1 (a genotype of autoln.search)")
         cands = obj.get("candidates")
@@ -267,6 +322,77 @@ class SiteGenotype:
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise GenotypeError(f"cannot read site genotype {path}: {exc}") from None
         return cls.from_dict(obj, source=str(path))
+
+
+def as_site_genotype(genotype: Any, where: str) -> SiteGenotype:
+    """``genotype`` as a :class:`SiteGenotype`: one as it is, or the path of a ``genotype.json``
+    that :meth:`SiteGenotype.save` wrote (read and checked).
+
+    Raises:
+        GenotypeError: naming ``where`` and what was given: a string that is no file (a
+            placement name among them: the baselines put one placement at every site), search.py's
+            :class:`autoln.genotype.Genotype` (autoln's own model: retrain.py), anything else."""
+    from .genotype import Genotype
+
+    if isinstance(genotype, SiteGenotype):
+        return genotype
+    expected = "expected an autoln.SiteGenotype (autoln.search's outcome.genotype) or the path of its genotype.json"
+    if isinstance(genotype, (str, Path)):
+        if Path(genotype).is_file():
+            return SiteGenotype.load(genotype)
+        hint = (f"; {genotype!r} is a placement: for it at every site use baselines=[{genotype!r}] of autoln.compare_genotypes"
+                if str(genotype) in placement_names() else "")
+        raise GenotypeError(f"{where}: {expected}, got {str(genotype)!r}, which is no file{hint}")
+    if isinstance(genotype, Genotype):
+        raise GenotypeError(f"{where}: this is search.py's genotype of autoln's own model (autoln.genotype.Genotype, format "
+                            f"{FORMAT!r}); retrain it with python retrain.py --genotype <its genotype.json>. {expected}")
+    raise GenotypeError(f"{where}: {expected}, got a {type(genotype).__name__}")
+
+
+def check_build(build: Any, where: str) -> None:
+    """Refuse a ``build`` that is not a function returning a fresh model.
+
+    Raises:
+        ValueError: naming ``where``: a model given instead of a builder, or not callable."""
+    if isinstance(build, nn.Module):
+        raise ValueError(f"{where}: build: expected a function that returns a fresh model, e.g. lambda: GPT(GPTConfig(...)), "
+                         f"got a {type(build).__name__} model (every run starts from a new one)")
+    if not callable(build):
+        raise ValueError(f"{where}: build: expected a function that returns a fresh model, got a {type(build).__name__}")
+
+
+def as_number(value: Any, where: str) -> float:
+    """What an ``evaluate`` returned, as a float: a real number or a one-element tensor.
+
+    Raises:
+        ValueError: naming ``where``: anything else (None, a string, a bool, a tensor of
+            several elements)."""
+    import numbers
+
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{where}: evaluate returned {cut(repr(value))} ({type(value).__name__}): expected a number, lower is "
+                         "better (a loss)")
+    return float(value)
+
+
+def check_names(names: Any, where: str) -> Optional[list[str]]:
+    """``names`` (None, or a list of distinct strings) as a list.
+
+    Raises:
+        ValueError: naming ``where``: one string (it would be read letter by letter), not a
+            list of strings, or a name given twice."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        raise ValueError(f"{where}: expected a list of names, e.g. [{names!r}], got the string {names!r}")
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{where}: expected a list of names, got {cut(repr(names))}")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ValueError(f"{where}: {twice} given twice")
+    return list(names)
 
 
 @dataclass
@@ -576,6 +702,15 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
         raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
                          f"signals), got {checkpoint_every!r}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"autoln.search: model: expected your model (an nn.Module with autoln.Site s), got a {type(model).__name__}")
+    if cfg is not None and not isinstance(cfg, SearchConfig):
+        hint = ": autoln.SearchConfig(**cfg) builds one from it" if isinstance(cfg, dict) else ""
+        raise ConfigError(f"autoln.search: cfg: expected an autoln.SearchConfig, e.g. autoln.SearchConfig(steps=200), got a "
+                          f"{type(cfg).__name__}{hint}")
+    for name, fn in (("loss_fn", loss_fn), ("on_eval", on_eval)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"autoln.search: {name}: expected a function, got a {type(fn).__name__}")
     try:
         cfg = default_config(steps) if cfg is None else cfg if steps is None else replace(cfg, steps=steps)
         cfg.validate()
@@ -598,8 +733,9 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
         model = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)
         set_candidate_scale(model, cfg.candidate_scale)
     travel = alpha_travel_warning(cfg, len(model.candidates))
-    if travel:
-        print(f"autoln.search: warning: {travel}", file=sys.stderr, flush=True)
+    warnings = ([travel] if travel else []) + model.layer_notes
+    for line in warnings:
+        print(f"autoln.search: warning: {line}", file=sys.stderr, flush=True)
     with ExitStack() as stack:
         signals = None
         if out is not None:
@@ -609,8 +745,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
             stack.enter_context(space_errors_kept(out, resume_hint(out)))
         outcome = _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
                           out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals, shortlist)
-    if travel:
-        outcome.notes.insert(0, travel)
+    outcome.notes[:0] = warnings
     return outcome
 
 
@@ -679,11 +814,24 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     genotype = site_genotype(model, read_off, loop)
     if out is not None:
         genotype.save(out / GENOTYPE_FILE)
-    notes = genotype_notes(genotype, seed)
+    skipped = skipped_lines(loop, read_off)
+    for line in skipped:
+        print(f"autoln.search: warning: {line}", file=sys.stderr, flush=True)
+    notes = skipped + genotype_notes(genotype, seed) + ([unused_note(model.unused_sites)] if model.unused_sites else [])
     if progress:
         for line in notes:
             print(f"autoln.search: note: {line}", file=sys.stderr, flush=True)
     return SearchOutcome(genotype, model, list(loop.state["losses"]), notes)
+
+
+def skipped_lines(loop, read_off) -> list[str]:
+    """The warnings on updates ``on_divergence: skip_batch`` skipped, in the search and in the
+    read-off's fine-tuning (:func:`autoln.search_loop.skipped_line`), as ``search.py`` gives them."""
+    from .search_loop import skipped_line
+
+    lines = [skipped_line(loop.state["skipped_batches"], loop.sc.steps),
+             skipped_line(read_off.fine_tuning_skipped, read_off.fine_tuning_updates, "fine-tuning updates of the selection")]
+    return [line for line in lines if line]
 
 
 def genotype_notes(genotype: SiteGenotype, seed: int = 0) -> list[str]:
@@ -714,6 +862,7 @@ def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:
     names = model.module_sites
     probs = [row / row.sum() for row in np.asarray(read_off.probabilities, dtype=np.float64)]  # as search.py's genotype
     provenance: dict[str, Any] = {"steps": loop.sc.steps, "selection": read_off.method, "site_names": list(names),
+                                  "skipped_batches": loop.state["skipped_batches"],
                                   "final_train_loss": loop.state["losses"][-1] if loop.state["losses"] else None,
                                   "wall_time_s": round(loop.wall_time(), 2)}
     if read_off.selection is not None:
@@ -754,19 +903,24 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     """
     if isinstance(model, SearchModel):
         model = model.model
-    sites = dict((n, m) for n, m in model.named_modules() if isinstance(m, Site))
-    missing = [n for n in genotype.sites if n not in sites]
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"autoln.derive: model: expected the model (an nn.Module with autoln.Site s), got a {type(model).__name__}")
+    genotype = as_site_genotype(genotype, "autoln.derive: genotype")
+    plain = unwrap(model)
+    sites = dict(model_sites(plain))
+    chosen = match_sites(genotype.sites, list(sites))
+    missing = [n for n in chosen if n not in sites]
     if missing:
         raise GenotypeError(f"the genotype names sites the model lacks: {missing} (the model's sites: {list(sites)})")
-    unset = [n for n, s in sites.items() if len(s.placements) > 1 and n not in genotype.sites]
+    unset = [n for n, s in sites.items() if len(s.placements) > 1 and n not in chosen]
     if unset:
         raise GenotypeError(f"the model's searched sites {unset} have no placement in the genotype")
-    deep = [n for n, p in genotype.sites.items() if parse_name(p)[0] == "deepnorm"]
+    deep = [n for n, p in chosen.items() if parse_name(p)[0] == "deepnorm"]
     if deepnorm_weights is None:
         def deepnorm_weights(name: str) -> list[torch.Tensor]:
-            return find_deepnorm_weights(model, name)
+            return find_deepnorm_weights(plain, name)
     scaled = {name: list(deepnorm_weights(name)) for name in deep} if init else {}
-    for name, placement in genotype.sites.items():
+    for name, placement in chosen.items():
         site = sites[name]
         if placement not in site.placements:
             raise GenotypeError(f"site {name!r} offers {list(site.placements)}, not the genotype's {placement!r}")
@@ -777,6 +931,50 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
                 for weight in scaled[name]:
                     weight.mul_(site.placements[placement].beta)
     return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside the wrappers that prefix its module names: DistributedDataParallel
+    and DataParallel (``module.``), ``torch.compile``'s OptimizedModule (``_orig_mod.``); the
+    model itself otherwise. Sites are named, and genotypes saved, as the plain model names them."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def model_sites(model: nn.Module) -> list[tuple[str, Site]]:
+    """``(module name, site)`` of every :class:`autoln.model.Site` of ``model``, in module
+    order; each site learns its name (:attr:`autoln.model.Site.name`, for its error messages)."""
+    out = [(n, m) for n, m in model.named_modules() if isinstance(m, Site)]
+    for n, m in out:
+        m.name = n
+    return out
+
+
+def match_sites(chosen: dict[str, str], names: Sequence[str]) -> dict[str, str]:
+    """``chosen`` (site name -> placement) keyed by the model's site ``names``: as it is when
+    every name is the model's, else with one common prefix removed from or added to its names
+    (a genotype saved from a model under a wrapper of its own, ``module.``...), when that makes
+    every name the model's; else as it is (the caller names the misfit)."""
+    if all(n in names for n in chosen) or not chosen:
+        return chosen
+    first = next(iter(chosen))
+    for name in names:
+        if name.endswith("." + first):  # the model is wrapped, the genotype's names are plain
+            prefix = name[:-len(first)]
+            if all(prefix + n in names for n in chosen):
+                return {prefix + n: p for n, p in chosen.items()}
+        if first.endswith("." + name):  # the genotype's names carry a wrapper's prefix
+            prefix = first[:-len(name)]
+            if all(n.startswith(prefix) and n[len(prefix):] in names for n in chosen):
+                return {n[len(prefix):]: p for n, p in chosen.items()}
+    return chosen
 
 
 def load_derived(run_dir: str | Path, device: str | torch.device = "cpu") -> TransformerLM:

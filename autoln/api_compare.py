@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .api import SiteGenotype, as_pair, derive, searchable_sites
+from .api import SiteGenotype, as_number, as_pair, as_site_genotype, check_build, check_names, derive, searchable_sites
 from .config import RetrainConfig
 from .errors import GenotypeError
 from .ranking import is_tie, mean_std, stats, vs_best
@@ -164,6 +164,55 @@ def default_evaluate(valid_batches) -> Callable[[nn.Module], float]:
     return evaluate
 
 
+def seeds_of(seeds: Any, where: str) -> list[int]:
+    """``seeds`` (a positive count ``N``: seeds ``0..N-1``; or a list of distinct integers) as a list.
+
+    Raises:
+        ValueError: naming ``where``: anything else (a float, zero, a repeated seed)."""
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if whole(seeds):
+        if seeds < 1:
+            raise ValueError(f"{where}: seeds: expected a positive count or a list of seeds, got {seeds!r}")
+        return list(range(seeds))
+    if not isinstance(seeds, (list, tuple, range)) or not seeds or not all(whole(v) for v in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ValueError(f"{where}: seeds: expected a positive count (e.g. 3) or a list of distinct integer seeds, got {seeds!r}")
+    return list(seeds)
+
+
+def genotype_map(genotypes: Any, where: str, one: str) -> dict[str, SiteGenotype]:
+    """``genotypes`` as ``{name: SiteGenotype}``: a dict of genotypes (or of their files), or
+    one genotype (or its file) named ``one``; None or an empty dict: none.
+
+    Raises:
+        GenotypeError: as :func:`autoln.api.as_site_genotype`, naming the entry."""
+    if genotypes is None:
+        return {}
+    if isinstance(genotypes, Mapping):
+        return {name: as_site_genotype(g, f"{where}: genotypes[{name!r}]") for name, g in genotypes.items()}
+    return {one: as_site_genotype(genotypes, f"{where}: genotypes")}
+
+
+def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str, SiteGenotype],
+                          evaluate: Callable[[nn.Module], Any], where: str) -> None:
+    """What would fail after hours of training, found before the first: every genotype fits a
+    fresh model (:func:`autoln.api.derive`, without DeepNorm's init), and ``evaluate`` returns a
+    number on the first one's untrained model.
+
+    Raises:
+        GenotypeError: naming the genotype that does not fit. ValueError: ``evaluate``'s
+        value is no number (:func:`autoln.api.as_number`)."""
+    first = None
+    for name, g in genotypes.items():
+        try:
+            model = derive(build(), g, init=False)
+        except GenotypeError as exc:
+            raise GenotypeError(f"{where}: {name}: {exc}") from None
+        first = model if first is None else first
+    if first is not None:
+        as_number(evaluate(first), f"{where} (a trial call on an untrained model, before any training)")
+
+
 def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
             seeds: Union[int, Sequence[int]] = 3, train: Optional[Callable[[nn.Module, int], Any]] = None,
             evaluate: Optional[Callable[[nn.Module], float]] = None, train_batches: Optional[Iterable] = None,
@@ -175,7 +224,8 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
         build: ``() -> nn.Module``, a fresh model with the searched sites (the candidates the
             genotypes were searched over), e.g. ``lambda: GPT(GPTConfig(norm_candidates=C))``;
             called once per run after ``torch.manual_seed(seed)``.
-        genotypes: one :class:`autoln.SiteGenotype` (named ``searched``) or ``{name: genotype}``.
+        genotypes: one :class:`autoln.SiteGenotype` (named ``searched``) or ``{name: genotype}``;
+            a genotype's ``genotype.json`` path serves for it.
         baselines: placements put at every site (rows ``all-<placement>``); default every
             candidate of the sites. ``all-pre`` is a Pre-LN model's own placement.
         seeds: a count ``N`` (seeds ``0..N-1``) or the seeds.
@@ -191,20 +241,26 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
         :class:`Comparison`.
 
     Raises:
-        ValueError: ``seeds`` not a positive count or a list of distinct integers; a baseline
-            that is not a candidate; no genotype and no baseline; what :func:`default_train`
-            and :func:`default_evaluate` raise.
-        autoln.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`).
+        ValueError: ``build`` a model rather than a function, ``seeds`` not a positive count or
+            a list of distinct integers, ``baselines`` not a list of candidates, ``cfg``,
+            ``train`` or ``evaluate`` of the wrong kind; no genotype and no baseline; an
+            ``evaluate`` that returns no number (tried once on an untrained model before any
+            training); what :func:`default_train` and :func:`default_evaluate` raise.
+        autoln.errors.GenotypeError: a genotype that is none (a string that is no file,
+            search.py's genotype), or that does not fit the model (:func:`derive`): every one
+            checked before the first training.
     """
-    if isinstance(seeds, bool) or (isinstance(seeds, int) and seeds < 1):
-        raise ValueError(f"autoln.compare_genotypes: seeds: expected a positive count or a list of seeds, got {seeds!r}")
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    if not seed_list or any(isinstance(s, bool) or not isinstance(s, int) for s in seed_list) or len(set(seed_list)) != len(seed_list):
-        raise ValueError(f"autoln.compare_genotypes: seeds: expected distinct integers, got {seeds!r}")
-    named = {"searched": genotypes} if isinstance(genotypes, SiteGenotype) else dict(genotypes or {})
-    for name, g in named.items():
-        if not isinstance(g, SiteGenotype):
-            raise ValueError(f"autoln.compare_genotypes: genotypes[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
+    where = "autoln.compare_genotypes"
+    check_build(build, where)
+    seed_list = seeds_of(seeds, where)
+    named = genotype_map(genotypes, where, "searched")
+    baselines = check_names(baselines, f"{where}: baselines")
+    if cfg is not None and not isinstance(cfg, RetrainConfig):
+        raise ValueError(f"{where}: cfg: expected an autoln.config.RetrainConfig (the default loop's settings), got a "
+                         f"{type(cfg).__name__}")
+    for what, fn in (("train", train), ("evaluate", evaluate)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{where}: {what}: expected a function, got a {type(fn).__name__}")
     torch.manual_seed(seed_list[0])
     probe = build()
     if baselines is None:
@@ -215,9 +271,10 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
         models[f"all-{p}"] = uniform(probe, p)
     del probe
     if not models:
-        raise ValueError("autoln.compare_genotypes: nothing to compare: give genotypes or baselines")
+        raise ValueError(f"{where}: nothing to compare: give genotypes or baselines")
     train = train or default_train(train_batches, cfg or RetrainConfig())
     evaluate = evaluate or default_evaluate(valid_batches)
+    check_before_training(build, models, evaluate, where)
     values: dict[str, list[float]] = {name: [] for name in models}
     total, done = len(models) * len(seed_list), 0
     for seed in seed_list:
@@ -225,7 +282,7 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
             torch.manual_seed(seed)
             model = derive(build(), genotype)
             train(model, seed)
-            value = float(evaluate(model))
+            value = as_number(evaluate(model), where)
             values[name].append(value)
             done += 1
             if progress:
@@ -346,24 +403,24 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         autoln.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict`).
     """
     import numbers
-    from pathlib import Path
 
     from . import race as R
 
     def fail(what: str) -> ValueError:
         return ValueError(f"autoln.race_genotypes: {what}")
 
+    where = "autoln.race_genotypes"
+    check_build(build, where)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise fail(f"steps: expected a positive integer, got {steps!r}")
-    if isinstance(searched, (str, Path)):
-        searched = SiteGenotype.load(searched)
-    if not isinstance(searched, (SiteGenotype, Mapping)):
-        raise fail(f"searched: expected an autoln.SiteGenotype (the search's outcome.genotype), a dict of them or a genotype "
-                   f"file, got {type(searched).__name__}")
+    for what, fn in (("train", train), ("evaluate", evaluate), ("on_result", on_result)):
+        if (fn is not None or what != "on_result") and not callable(fn):
+            raise fail(f"{what}: expected a function, got a {type(fn).__name__}")
+    if not isinstance(searched, Mapping):
+        searched = as_site_genotype(searched, f"{where}: searched")
     if rule is not None and not isinstance(rule, R.RaceRule):
         raise fail(f"rule: expected an autoln.race.RaceRule(eta=..., rungs=..., final_seeds=..., level=...), got {type(rule).__name__}")
-    if isinstance(baselines, str):
-        raise fail(f"baselines: expected a list of names, e.g. [{baselines!r}], got the string {baselines!r}")
+    baselines = check_names(baselines, f"{where}: baselines")
     if values is not None and (not isinstance(values, Mapping) or any(
             not (isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], str) and isinstance(k[1], int) and isinstance(k[2], int))
             or isinstance(v, bool) or not isinstance(v, numbers.Real) for k, v in values.items())):
@@ -386,16 +443,10 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         own_name, own_g = "own", own
     else:
         raise ValueError(f"autoln.race_genotypes: own: expected a candidate name or an autoln.SiteGenotype, got {type(own).__name__}")
-    pool_g = dict(searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else dict(searched))
-    for name, g in pool_g.items():
-        if not isinstance(g, SiteGenotype):
-            raise ValueError(f"autoln.race_genotypes: searched[{name!r}]: expected an autoln.SiteGenotype, got {type(g).__name__}")
+    pool_g = searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else \
+        {name: as_site_genotype(g, f"{where}: searched[{name!r}]") for name, g in searched.items()}
     named.pop(own_name, None)
-    for name, g in {own_name: own_g, **named, **pool_g}.items():  # a genotype that does not fit fails before any training
-        try:
-            derive(build(), g, init=False)
-        except GenotypeError as exc:
-            raise GenotypeError(f"autoln.race_genotypes: {name}: {exc}") from None
+    check_before_training(build, {own_name: own_g, **named, **pool_g}, evaluate, where)
     if not pool_g and progress:
         print("autoln.race_genotypes: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
     entries, aliases = R.make_pool([(n, g.describe()) for n, g in pool_g.items()], [(n, g.describe()) for n, g in named.items()],
@@ -406,12 +457,7 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         torch.manual_seed(seed + job.seed)
         model = derive(build(), genotypes[job.entry])
         train(model, seed + job.seed, job.steps)
-        value = evaluate(model)
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise fail(f"evaluate returned {value!r} ({type(value).__name__}): expected a number, lower is better (a loss)")
-        value = float(value)
+        value = as_number(evaluate(model), where)
         if progress:
             print(f"autoln.race_genotypes: {job.entry} at {job.steps} steps, seed {seed + job.seed}: {value:.4f}",
                   file=sys.stderr, flush=True)

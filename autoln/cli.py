@@ -241,10 +241,12 @@ def _shared_out(out, device_name: str):
 
 
 def _skipped_note(skipped: int, steps: int, what: str = "updates") -> None:
-    """Warn when ``on_divergence: skip_batch`` skipped updates."""
-    if skipped:
-        print(f"warning: {skipped} of {steps} {what} were skipped (NaN/inf loss or gradient, on_divergence=skip_batch)"
-              + ("; the run diverged and its numbers mean little" if skipped > steps // 2 else ""), file=sys.stderr)
+    """Warn when ``on_divergence: skip_batch`` skipped updates (:func:`autoln.search_loop.skipped_line`)."""
+    from .search_loop import skipped_line
+
+    line = skipped_line(skipped, steps, what)
+    if line:
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _refuse_torchrun(option: str) -> None:
@@ -323,12 +325,13 @@ def searched(out: Path) -> bool:
     race is not finished: ``--resume`` then continues the race."""
     import yaml
 
+    from .config import read_yaml
     from .run_race import SUPERNET_FILE, finished_race
 
     if not ((out / "genotype.json").exists() or (out / SUPERNET_FILE).exists()) or finished_race(out) is not None:
         return False
     try:
-        race = (yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8")) or {}).get("race")
+        race = (read_yaml((out / "config.yaml").read_text(encoding="utf-8")) or {}).get("race")
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
         return False
     return isinstance(race, dict) and race.get("enabled", True) is True
@@ -355,7 +358,7 @@ def _race(cfg, out: Path, workers: int) -> None:
     from .run_race import RACE_DIR, run_race
 
     out = Path(out)
-    print(f"racing the supernet's shortlist against the named placements in real retrains (race.enabled=false skips it) ...",
+    print("racing the supernet's shortlist against the named placements in real retrains (race.enabled=false skips it) ...",
           flush=True)
     result = run_race(cfg, out, workers)
     print(f"{result.verdict.line}\nwrote {result.genotype_path} (the answer; the supernet's read-off is in supernet_genotype.json), "

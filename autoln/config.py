@@ -616,8 +616,10 @@ class Config:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so ``model:`` written twice would drop the first section)."""
+    """PyYAML's safe loader with two changes: a key given twice in one mapping is an error
+    (PyYAML keeps the last silently, so ``model:`` written twice would drop the first section),
+    and numbers are read as YAML 1.2 reads them (:data:`YAML12_FLOAT`: ``1e-4`` and ``3E5`` are
+    numbers, where PyYAML's YAML 1.1 resolver reads a float without a dot as a string)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -627,6 +629,26 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quoted(key)}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+#: A YAML 1.2 float as written (the core schema's, with YAML 1.1's ``_`` separators): with a dot, or
+#: with an exponent and no dot (``1e-4``, ``2E+3``), or ``.5``; PyYAML's own resolver, tried first, keeps
+#: ``.inf``, ``.nan`` and the sexagesimal forms.
+YAML12_FLOAT = re.compile(r"""^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                                     |[0-9][0-9_]*[eE][-+]?[0-9]+
+                                     |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?)$""", re.X)
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as Python values, with :class:`_UniqueKeyLoader` (numbers as YAML 1.2 reads
+    them, duplicate keys refused): config files, ``--set`` values and the runs' own
+    ``config.yaml`` all go through it.
+
+    Raises:
+        yaml.YAMLError: invalid YAML or a duplicate key; ValueError: an integer of more than
+            4,300 digits (Python's limit for ``int()``)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 #: Keys added with a default that changed what earlier runs did: a record without the key was
@@ -720,7 +742,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except UnicodeDecodeError as exc:
             raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
         try:
-            loaded = yaml.load(text, Loader=_UniqueKeyLoader)
+            loaded = read_yaml(text)
         except ValueError as exc:  # an integer of more than 4,300 digits (Python's limit for int())
             raise ConfigError(f"config file {path} is not valid YAML: {cut(str(exc), 120)}") from None
         except yaml.YAMLError as exc:
@@ -748,7 +770,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"--set expects section.key=value, got '{cut(item)}'")
         dotted, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = read_yaml(text) if text.strip() else None
         except (yaml.YAMLError, ValueError):  # ValueError: an integer of more than 4,300 digits
             value = text
         _assign(cfg, dotted.strip(), value, "--set")
@@ -882,6 +904,8 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
     if (not isinstance(args, list) or len(args) != 2
             or not all(isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) for a in args)):
         raise ConfigError(f"{where}: {kind} needs [low, high] as two finite numbers, got {quoted(args)}")
+    if kind == "int":  # integral numbers written as 1e3 are integers
+        args = [int(a) if isinstance(a, float) and a.is_integer() else a for a in args]
     low, high = args
     if not low < high:
         raise ConfigError(f"{where}: low ({low}) must be below high ({high})")
@@ -894,6 +918,7 @@ def space_values(key: str, spec: Any, cfg: Config) -> list[Any]:
         if base is not int or not all(isinstance(a, int) for a in args):
             raise ConfigError(f"{where}: int needs an integer key and integer bounds ({key} is {_type_name(hints[name])})")
         step = spec.get("step", 1)
+        step = int(step) if isinstance(step, float) and step.is_integer() else step
         if not isinstance(step, int) or isinstance(step, bool) or step <= 0 or (high - low) % step:
             raise ConfigError(f"{where}: step must be a positive integer dividing high - low, got {quoted(step)}")
     else:
@@ -955,6 +980,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, float) and value.is_integer():  # 1e3 (YAML 1.2 reads it as a float)
+            return int(value)
     elif tp is float:
         if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
             try:

@@ -36,7 +36,7 @@ import torch
 from .commands import pip_extra
 from .config import DataConfig
 from .errors import DataError
-from .io import save_numpy_atomic, write_text_atomic
+from .io import save_numpy_atomic, write_json_atomic, write_text_atomic
 from .locks import build_lock
 
 SPLITS = ("train", "valid", "test")
@@ -628,9 +628,8 @@ def _build(raw: dict[str, bytes], sources: dict[str, str], folder: Path, cfg: Da
     try:
         for split, arr in splits.items():
             save_numpy_atomic(arr, folder / f"{split}.npy")
-        write_text_atomic(meta_path, json.dumps({"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint,
-                                                 "lengths": {s: int(len(a)) for s, a in splits.items()},
-                                                 "bytes_per_token": bytes_per_token}))
+        write_json_atomic(meta_path, {"vocab_size": vocab_size, "vocab": vocab, "tokenizer": cfg.tokenizer, "fingerprint": fingerprint,
+                                      "lengths": {s: int(len(a)) for s, a in splits.items()}, "bytes_per_token": bytes_per_token})
         splits = {s: np.load(folder / f"{s}.npy", mmap_mode="r") for s in SPLITS}
     except OSError as exc:
         cache_note(exc, folder)  # caching is an optimisation; the in-memory arrays serve

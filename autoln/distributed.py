@@ -221,7 +221,7 @@ def record_error(lines: Sequence[str], callstack: Optional[str] = None) -> None:
     data = {"message": {"message": text, "extraInfo": {"py_callstack": callstack or text, "timestamp": str(int(time.time()))}}}
     try:
         with open(path, "w") as fp:
-            json.dump(data, fp)
+            json.dump(data, fp, allow_nan=False)
     except OSError:
         pass
 

@@ -33,6 +33,8 @@ from .io import json_safe, write_json_atomic
 from .placements import NORMS, PLACEMENTS, parse_name, placement_names
 
 FORMAT = "autoln.genotype"
+#: The format of :class:`autoln.api.SiteGenotype` (``autoln.search``'s genotype of a user's model).
+SITE_FORMAT = "autoln.site-genotype"
 VERSION = 1
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "context", "vocab_size", "norm")
 FIELDS = ("format", "version", "candidates", "granularity", "placements", "probabilities", "model", "provenance")
@@ -161,6 +163,11 @@ class Genotype:
 
         if not isinstance(obj, dict):
             raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
+        if obj.get("format") == SITE_FORMAT:
+            raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
+                                f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
+                                "that retrain.py takes; apply it in Python: autoln.derive(model, autoln.SiteGenotype.load(path)), "
+                                "then train the model your way, or rank it with autoln.compare_genotypes")
         for name in FIELDS:
             if name not in obj:
                 raise fail(name, "missing")

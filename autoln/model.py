@@ -13,7 +13,9 @@ logits ``(B, T, vocab_size)``; losses are mean cross-entropy in nats per token.
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections import abc
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -23,7 +25,7 @@ from torch import nn
 
 from . import distributed
 from .config import ModelConfig
-from .placements import NORMS, build_placement, scale_residual_branch
+from .placements import NORMS, build_placement, placement_names, scale_residual_branch
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -131,7 +133,7 @@ class FFN(nn.Module):
         return self.drop(self.fc2(F.gelu(self.fc1(x))))
 
 
-def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, layer: int) -> None:
+def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, layer: int, norm: str = "layernorm") -> None:
     """Refuse :class:`Site` arguments that would fail later without naming themselves (e.g.
     ``layer=0`` from ``enumerate`` with ``lns``: ``0.0 cannot be raised to a negative power``).
 
@@ -140,15 +142,27 @@ def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, laye
     def whole(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
-    if isinstance(candidates, str) or not len(candidates):
+    if isinstance(candidates, str) or not isinstance(candidates, abc.Sequence) or not len(candidates):
         raise ValueError(f"autoln.Site: candidates: expected a list of placement names such as ['pre', 'post', 'deepnorm'], "
                          f"got {candidates!r}")
+    names = placement_names()
+    for c in candidates:
+        if c not in names:
+            close = difflib.get_close_matches(str(c), names, n=1)
+            raise ValueError(f"autoln.Site: candidates: {c!r} is not a placement" + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; expected names of {names}")
+    twice = sorted({c for c in candidates if list(candidates).count(c) > 1})
+    if twice:
+        raise ValueError(f"autoln.Site: candidates: {', '.join(map(repr, twice))} given twice in {list(candidates)}: each "
+                         "candidate once (the mixing weights have one entry per candidate)")
     for name, v in (("d_model", d_model), ("n_layers", n_layers)):
         if not whole(v) or v < 1:
             raise ValueError(f"autoln.Site: {name}: expected a positive integer, got {v!r}")
     if not whole(layer) or not 1 <= layer <= n_layers:
         hint = " (block i of enumerate is layer=i + 1)" if layer == 0 else ""
         raise ValueError(f"autoln.Site: layer: expected the 1-based block index, 1..n_layers={n_layers}, got {layer!r}{hint}")
+    if norm not in NORMS:
+        raise ValueError(f"autoln.Site: norm: expected one of {list(NORMS)}, got {norm!r}")
 
 
 class Site(nn.Module):
@@ -188,15 +202,15 @@ class Site(nn.Module):
             model's own choice so that ``("pre",)`` is its unchanged block.
 
     Raises:
-        ValueError: one line naming the argument: no candidates, ``d_model`` or ``n_layers``
-            not a positive integer, ``layer`` outside ``1..n_layers`` (it is 1-based).
-        KeyError: an unknown candidate name (:func:`autoln.placements.build_placement`).
+        ValueError: one line naming the argument: no candidates, an unknown or repeated
+            candidate name, ``d_model`` or ``n_layers`` not a positive integer, ``layer``
+            outside ``1..n_layers`` (it is 1-based), an unknown ``norm``.
     """
 
     def __init__(self, candidates: Sequence[str], d_model: int, n_layers: int, norm: str = "layernorm", layer: int = 1,
                  bias: bool = True) -> None:
         super().__init__()
-        check_site_args(candidates, d_model, n_layers, layer)
+        check_site_args(candidates, d_model, n_layers, layer, norm)
         self.layer, self.n_layers = layer, n_layers  # the block (1-based) and the depth: Mix-LN's named placements
         self.placements = nn.ModuleDict({n: build_placement(n, d_model, n_layers, norm, layer, bias) for n in candidates})
         #: The mixing weights ``(K,)`` of the current forward pass when the site is searched inside
@@ -208,10 +222,32 @@ class Site(nn.Module):
         #: ``search.candidate_scale``: ``raw`` mixes the candidates' outputs as they are; ``common``
         #: brings each to the mixture's common RMS first (:func:`common_scale_mix`). Set by the supernet.
         self.candidate_scale = "raw"
+        #: The site's module name in its model, for error messages (set by :class:`autoln.api.SearchModel`
+        #: and :func:`autoln.api.derive`); None before.
+        self.name: Optional[str] = None
         shared: dict[bool, nn.Module] = {}
         for p in self.placements.values():
             if p.input == "norm":  # pre and peri of one gain form share LN_in (see above)
                 p.norm = shared.setdefault(p.affine, p.norm)
+
+    def call_branch(self, branch: Callable, h: torch.Tensor) -> torch.Tensor:
+        """``branch(h)``, checked: one tensor shaped as ``h`` ``(B, T, d_model)``.
+
+        Raises:
+            TypeError: naming the site (:attr:`name`) and the branch: it returned something
+                else, e.g. a Hugging Face ``(out, attn_weights)`` tuple, or another shape."""
+        out = branch(h)
+        if isinstance(out, torch.Tensor) and out.shape == h.shape:
+            return out
+        where = f"autoln.Site {self.name!r}" if self.name else "autoln.Site"
+        what = type(branch).__name__
+        if isinstance(out, (tuple, list)):
+            raise TypeError(f"{where}: its branch {what} returned a {type(out).__name__} of {len(out)}, expected one tensor shaped "
+                            f"as its input {tuple(h.shape)}; for a branch that returns (out, attn_weights), as Hugging Face "
+                            "attention does, pass a module or function that returns its first element, e.g. lambda h: attn(h)[0]")
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise TypeError(f"{where}: its branch {what} returned {got}, expected one tensor shaped as its input {tuple(h.shape)} "
+                        "(a sublayer maps (B, T, d_model) to itself)")
 
     def input_groups(self) -> list[list[int]]:
         """Candidate indices grouped by branch input, one group per call of the branch."""
@@ -233,14 +269,14 @@ class Site(nn.Module):
         """
         placements = list(self.placements.values())
         if len(placements) == 1:
-            return placements[0](x, branch)
+            return placements[0].output(x, self.call_branch(branch, placements[0].branch_input(x)))
         weights = self.mix if weights is None else weights
         if weights is None:
             raise ValueError(f"a site with several candidates ({list(self.placements)}) needs mixing weights: run the model "
                              "inside autoln.SearchModel, or autoln.derive it to one placement first")
         fx = [None] * len(placements)
         for group in self.input_groups():
-            out = branch(placements[group[0]].branch_input(x))
+            out = self.call_branch(branch, placements[group[0]].branch_input(x))
             for k in group:
                 fx[k] = out
         if self.probe is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .config import PLACE_KEYS, Config, with_defaults
+from .config import PLACE_KEYS, Config, read_yaml, with_defaults
 from .io import read_json
 
 METRICS_FILE = "metrics.json"
@@ -51,7 +51,7 @@ def run_config_differences(run_dir: Path, cfg: Config) -> list[str]:
     import yaml
 
     try:
-        saved = with_defaults(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
+        saved = with_defaults(read_yaml((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError):
         return [f"{run_dir / 'config.yaml'} unreadable"]
     keep = ("data", "model", "retrain")

@@ -157,6 +157,26 @@ class ReadOff:
     shortlist: list = field(default_factory=list)
 
 
+def unscored_batch(batches: dict) -> Optional[str]:
+    """The line on a batch of ``batches`` (name -> ``(x, y)``, ``y`` ``(B, T)`` targets) whose
+    every target is ignored (negative: nanoGPT's ``-1``, PyTorch's ``ignore_index=-100``), so a
+    mean cross-entropy over it is 0/0 = NaN; None when each batch has a target to score."""
+    for name, (_, y) in batches.items():
+        if isinstance(y, torch.Tensor) and y.numel() and not bool((y >= 0).any()):
+            return (f"the {name} batch has no target to score (all {y.numel()} targets are negative, ignored by the loss, as "
+                    "nanoGPT's -1 padding), so its mean loss is 0/0 = nan")
+    return None
+
+
+def skipped_line(skipped: int, steps: int, what: str = "updates") -> Optional[str]:
+    """The warning on updates skipped under ``on_divergence: skip_batch`` (None for none):
+    ``skipped`` of ``steps`` ``what``, and that the run diverged when they are more than half."""
+    if not skipped:
+        return None
+    return (f"{skipped} of {steps} {what} were skipped (NaN/inf loss or gradient, on_divergence=skip_batch)"
+            + ("; the run diverged and its numbers mean little" if skipped > steps // 2 else ""))
+
+
 def new_state() -> dict:
     """The loop's bookkeeping at step 0 (kept in checkpoints as ``state``)."""
     return {"valid_metrics": {}, "record": {}, "stopped_at": None, "skipped_batches": 0, "wall_time_s": 0.0,
@@ -205,6 +225,7 @@ class SearchLoop:
         self.opt_w, self.sched_w = weight_optimizer(self.model.named_weight_parameters(), self.sc)
         self.architect = Architect(self.model, self.sc)
         self.session = time.perf_counter()  # reset when :meth:`run` starts
+        self.batches: dict = {}  # the last bilevel step's D_w and D_alpha batches
         self.pieces = [*([self.checkpointing] if self.checkpointing is not None else []), *self.callbacks]
 
     def emit(self, hook: str, *args) -> None:
@@ -239,10 +260,17 @@ class SearchLoop:
         return self.state["wall_time_s"] + time.perf_counter() - self.session
 
     def diverged(self, step: int, what: str, state: dict) -> None:
-        """Apply ``search.on_divergence`` to a non-finite step (its update was not applied)."""
+        """Apply ``search.on_divergence`` to a non-finite step (its update was not applied). The
+        message names the cause where the step's batches show it (:func:`unscored_batch`: a
+        batch with no target to score), else suggests the learning rate and warm-up."""
         if self.sc.on_divergence == "stop":
             where = self.checkpointing.describe() if self.checkpointing is not None else "no checkpoint was written before it"
             new = self.checkpointing.ckpts.new_run() if self.checkpointing is not None else ""
+            cause = unscored_batch(self.batches)
+            if cause:
+                raise DivergenceError(f"search diverged at step {step}: {what}; {where}. The cause is the batch, not the "
+                                      f"learning rate: {cause}; leave such batches out of the search's batches (a window of "
+                                      "padding only has nothing to predict), or set search.on_divergence=skip_batch")
             raise DivergenceError(f"search diverged at step {step}: {what}; {where}. Try a new run{new} with a lower search.lr "
                                   "or more search.warmup_steps, or search.on_divergence=skip_batch")
         state["skipped_batches"] += 1
@@ -251,6 +279,7 @@ class SearchLoop:
     def bilevel_step(self, step: int, alpha_step: bool, noise: float, arch_step: int) -> dict:
         """One alpha step (when ``alpha_step``), then one weight step with SDARTS noise ``noise``."""
         batch_w, batch_a = self.data.weight_batch(), self.data.arch_batch()
+        self.batches = {"D_w": batch_w, "D_alpha": batch_a}  # the last step's, for :meth:`diverged`
         loss_a = math.nan
         if alpha_step:
             loss_a = self.architect.step(batch_w, batch_a, xi=self.sched_w.get_last_lr()[0], step=arch_step)

@@ -196,7 +196,9 @@ def evaluate(model: nn.Module, tokens: np.ndarray, starts: np.ndarray, context: 
 def evaluate_batches(model: nn.Module, batches: Iterable, device: torch.device, mix: Optional[torch.Tensor] = None,
                      stderr: bool = False):
     """Mean cross-entropy (nats per token) of ``model`` over ``batches`` of ``(x, y)`` pairs
-    (token ids and next-token targets, ``(B, T)`` each), weighted by tokens.
+    (token ids and next-token targets, ``(B, T)`` each), weighted by the targets scored: a
+    negative target (nanoGPT's ``-1`` padding, PyTorch's ``ignore_index``) is ignored by the
+    loss and not counted, and a batch without a scored target is skipped (its mean is 0/0).
 
     ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's mixing weights in the
     layout of its ``mixing_weights``, is given) must return ``(logits, loss)``. The model is
@@ -215,9 +217,12 @@ def evaluate_batches(model: nn.Module, batches: Iterable, device: torch.device, 
     total, count, w_sum, w_sq, n_win = 0.0, 0, 0.0, 0.0, 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
+        scored = int((y >= 0).sum())  # negative targets are ignored by the loss (nanoGPT's -1 padding)
+        if not scored:
+            continue  # nothing to score: its mean loss would be 0/0 = NaN
         logits, loss = model(x, y) if mix is None else model(x, y, mix=mix)
-        total += loss.item() * y.numel()
-        count += y.numel()
+        total += loss.item() * scored
+        count += scored
         if stderr:
             per_window = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                            reduction="none").view(y.shape).mean(1).double()

@@ -32,7 +32,6 @@ re-created (:meth:`autoln.locks.FolderLock.check`).
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing as mp
 import os
@@ -47,9 +46,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .commands import beside_python, pip_extra, resume_command
-from .config import Config, assign
+from .config import Config, assign, read_yaml
 from .errors import AutolnError, ConfigError, OutputError, StateLost, WriteError
-from .io import read_json, write_text_atomic
+from .io import read_json, write_json_atomic, write_text_atomic
 from .locks import FolderLock, check_held
 from .tune_study import FINISHED_OUTCOMES, Census, _headline, _optuna, best_trial, census, counts_toward_cap, outcome  # noqa: F401 (re-exported)
 from .workers import threads_per_worker
@@ -493,7 +492,7 @@ class Objective:
         def report(offset: int):
             def hook(step: int, valid: dict) -> None:
                 reports[offset + step] = valid[self.headline]  # before the storage: kept if that fails
-                write_text_atomic(tdir / REPORTS_FILE, json.dumps({str(k): v for k, v in sorted(reports.items())}))
+                write_json_atomic(tdir / REPORTS_FILE, {str(k): v for k, v in sorted(reports.items())})  # NaN as null
                 self.file.check()  # a SQLite file's removal shows only at a write, as an error of the trial's
                 trial.report(valid[self.headline], offset + step)
                 if trial.should_prune():
@@ -515,6 +514,8 @@ class Objective:
             result = self.search(trial.number, cfg, tdir, report(0), earlier)
             trial.set_user_attr("genotype", result.genotype.to_dict())
             trial.set_user_attr("placements", result.genotype.describe())
+            skipped = {"search": result.genotype.provenance["metrics"].get("skipped_batches", 0),
+                       "selection": result.genotype.provenance.get("selection", {}).get("skipped_batches", 0)}
             metrics["supernet_valid"] = result.valid[self.headline]
             trial.set_user_attr("supernet_valid", metrics["supernet_valid"])
             score = metrics["supernet_valid"]
@@ -527,6 +528,8 @@ class Objective:
                 retrained = run_retrain(proxy, str(result.path), tdir / "proxy", overwrite=True, on_eval=report(cfg.search.steps))
                 metrics["proxy_valid"] = retrained.valid[self.headline]
                 score = metrics["proxy_valid"]
+                skipped["proxy_retrain"] = (read_json(retrained.path) or {}).get("skipped_batches", 0)
+            record_skipped(trial, skipped)
             if not math.isfinite(score):
                 raise DivergenceError(f"the score is {score}")
             metrics["score"] = score
@@ -576,7 +579,7 @@ class Objective:
         recorded = read_json(tdir / REPORTS_FILE)
         recorded = recorded if isinstance(recorded, dict) else {}
         try:
-            replay = sorted((int(k), float(v)) for k, v in recorded.items() if int(k) <= cfg.search.steps)
+            replay = sorted((int(k), math.nan if v is None else float(v)) for k, v in recorded.items() if int(k) <= cfg.search.steps)
         except (TypeError, ValueError):
             replay = []
         if held == "finished":
@@ -592,6 +595,17 @@ class Objective:
         for step, value in replay:
             hook(step, {self.headline: value})
         return run_search(cfg, folder, on_eval=hook, resume=True)
+
+
+def record_skipped(trial, skipped: dict[str, int]) -> None:
+    """Keep on the trial the updates ``on_divergence: skip_batch`` skipped (user attribute
+    ``skipped_batches``: by part of the trial, ``search``, ``selection``, ``proxy_retrain``),
+    with one warning line when there were any: a score made over skipped updates is weaker."""
+    trial.set_user_attr("skipped_batches", skipped)
+    if any(skipped.values()):
+        parts = ", ".join(f"{n} in the {k.replace('_', ' ')}" for k, n in skipped.items() if n)
+        print(f"[tune] trial {trial.number}: warning: updates skipped (NaN/inf loss or gradient, on_divergence=skip_batch): "
+              f"{parts}", file=sys.stderr, flush=True)
 
 
 def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
@@ -616,7 +630,7 @@ def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
         return "finished"
     if (folder / CHECKPOINT_FILE).exists():
         try:
-            saved = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+            saved = read_yaml((folder / "config.yaml").read_text(encoding="utf-8"))
             same = isinstance(saved, dict) and not resume_differences(with_defaults(saved), cfg.to_dict(), "search")[0]
         except (OSError, UnicodeDecodeError, yaml.YAMLError, AutolnError, TypeError, AttributeError):
             same = False

@@ -205,10 +205,10 @@ def run_config_id(folder: Path, fingerprint: str) -> Optional[str]:
     """:func:`config_id` of the run in ``folder`` (its ``config.yaml``), or None when unreadable."""
     import yaml
 
-    from autoln.config import with_defaults
+    from autoln.config import read_yaml, with_defaults
 
     try:
-        return config_id(with_defaults(yaml.safe_load((Path(folder) / "config.yaml").read_text(encoding="utf-8")) or {}), fingerprint)
+        return config_id(with_defaults(read_yaml((Path(folder) / "config.yaml").read_text(encoding="utf-8")) or {}), fingerprint)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError, KeyError):
         return None
 

@@ -89,7 +89,7 @@ def test_finite_difference_uses_parenthesised_two_eps():
     # the known public bug divides by 2 and multiplies by eps; a linear-in-eps check catches it
     net = _tiny()
     arch = Architect(net, SearchConfig(order=2))
-    batch_w, batch_a = _batch(seed=1), _batch(seed=2)
+    batch_w = _batch(seed=1)
     backup = [p.detach().clone() for p in net.weight_parameters()]
     v = [torch.randn_like(p) for p in backup]
     hvp = arch.hessian_vector_product(backup, v, batch_w)

@@ -268,3 +268,40 @@ def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path, c
                              "--set", "retrain.final_eval_windows=4", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
     assert "\r" not in err and sum(line.startswith("retrain step") for line in err.splitlines()) == 2
+
+
+def _strict(path: Path):
+    def refuse(name):
+        raise ValueError(f"{path}: not strict JSON ({name})")
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def test_every_json_file_a_search_writes_is_strict(searched):
+    root, _, _ = searched
+    paths = sorted(root.rglob("*.json"))  # the search's own and the data cache's (meta.json, tokenizer.json)
+    for path in paths:
+        _strict(path)
+    assert {"genotype.json", "meta.json"} <= {p.name for p in paths}
+
+
+def test_no_json_file_is_written_with_a_writer_that_allows_nan():
+    """Every JSON that autoln writes goes through :func:`autoln.io.write_json_atomic` (NaN as
+    null) or passes ``allow_nan=False``: a ``json.dump`` or a ``json.dumps`` handed to a writer
+    without it is how ``reports.json`` came to hold a bare NaN."""
+    import ast
+
+    writers = {"write_text_atomic", "write", "write_text", "dump"}
+    found = []
+    for path in sorted((ROOT / "autoln").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            if name not in writers:
+                continue
+            dumps = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                     and c.func.attr in ("dump", "dumps") and getattr(c.func.value, "id", "") == "json"]
+            for call in dumps:
+                if not any(k.arg == "allow_nan" and getattr(k.value, "value", True) is False for k in call.keywords):
+                    found.append(f"{path.name}:{call.lineno}")
+    assert found == []

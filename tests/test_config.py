@@ -190,3 +190,37 @@ def test_an_unknown_key_suggests_the_nearest_one():
         load_config(None, ["search.step=10"])
     with pytest.raises(ConfigError, match=r"unknown section 'serch' \(--set\); did you mean 'search'\?"):
         load_config(None, ["serch.steps=10"])
+
+
+# --- YAML numbers as a user's other tools read them (issue 45, kind 5) ---------------------------
+
+
+def test_numbers_without_a_dot_read_as_numbers_in_every_section_and_list(tmp_path):
+    from autoln.config import space_values
+
+    path = tmp_path / "c.yaml"
+    path.write_text("search:\n  lr: 1e-3\n  arch_lr: 3E-4\n  steps: 1e3\n  betas: [9e-1, 95e-2]\nretrain:\n  lr: .5e-2\n"
+                    "tune:\n  space:\n    search.lr: {log-uniform: [1e-4, 3e-2]}\n    search.arch_warmup_steps: {int: [1e1, 1e2], step: 1e1}\n",
+                    encoding="utf-8")
+    cfg = load_config(path)
+    assert (cfg.search.lr, cfg.search.arch_lr, cfg.search.steps, cfg.search.betas, cfg.retrain.lr) == \
+        (1e-3, 3e-4, 1000, (0.9, 0.95), 0.005)
+    assert isinstance(cfg.search.steps, int)
+    assert space_values("search.lr", cfg.tune.space["search.lr"], cfg) == [1e-4, 3e-2]
+    assert space_values("search.arch_warmup_steps", cfg.tune.space["search.arch_warmup_steps"], cfg) == [10, 100]
+    assert all(type(v) is int for v in space_values("search.arch_warmup_steps", cfg.tune.space["search.arch_warmup_steps"], cfg))
+    over = load_config(None, ["tune.space={search.lr: {log-uniform: [1e-4, 3e-2]}}", "tune.pruner=none", "search.lr=2E-4",
+                              "search.betas=[5e-1, 999e-3]"])
+    assert space_values("search.lr", over.tune.space["search.lr"], over) == [1e-4, 3e-2]
+    assert (over.search.lr, over.search.betas) == (2e-4, (0.5, 0.999))
+
+
+def test_yaml_12_numbers_leave_pyyaml_alone_and_refuse_what_is_no_number():
+    import yaml
+
+    from autoln.config import read_yaml
+
+    assert read_yaml("[1e-4, 1_000, .inf, 1.5, e5, 1e, 1.2.3]") == [1e-4, 1000, float("inf"), 1.5, "e5", "1e", "1.2.3"]
+    assert yaml.safe_load("1e-4") == "1e-4"  # PyYAML's own loader unchanged for other code
+    with pytest.raises(ConfigError, match=r"'search.steps' \(--set\) must be an integer, got 1.5"):
+        load_config(None, ["search.steps=1.5"])

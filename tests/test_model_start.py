@@ -11,7 +11,6 @@ import torch
 
 from autoln.config import ModelConfig, load_config
 from autoln.data import Corpus, load_corpus
-from autoln.genotype import baseline
 from autoln.model import build_derived
 from autoln.placements import deepnorm_constants
 from autoln.run_retrain import run_retrain

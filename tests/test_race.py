@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from autoln import cli, run_race
 from autoln.config import load_config
 from autoln.genotype import Genotype
-from autoln.race import Entry, Job, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
+from autoln.race import Entry, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
 from autoln.run_search import run_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +243,7 @@ def test_a_stopped_race_resumes_to_the_same_answer(searched, whole):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-2000:]
     text = err.decode()
-    assert "stopped the race during" in text and f"--resume" in text and str(stopped) in text.split("continue with:")[-1]
+    assert "stopped the race during" in text and "--resume" in text and str(stopped) in text.split("continue with:")[-1]
     assert "Traceback" not in text  # one line, not Optuna's report of the failed trial
     assert not (stopped / "race" / "race.json").exists() and not (stopped / "genotype.json").exists()  # no answer yet
     again = subprocess.run([*cmd, "--out", str(stopped)], capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -338,12 +337,12 @@ def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
     good = autoln.SiteGenotype(list(cands), {s: "post" for s in sites}, {s: [0.4, 0.6] for s in sites})
     trained = []
     kw = dict(train=lambda m, s, n: trained.append(n), evaluate=lambda m: 1.0, steps=9, progress=False)
-    for bad, words in ((dict(searched=None), "searched: expected an autoln.SiteGenotype"),
-                       (dict(searched=[good]), "searched: expected"),
-                       (dict(searched=good, baselines="mix-ln"), "baselines: expected a list of names"),
-                       (dict(searched=good, rule={"eta": 2}), "rule: expected an autoln.race.RaceRule"),
-                       (dict(searched=good, values={"x": 1.0}), "values: expected")):
-        with pytest.raises(ValueError, match=words):
+    for bad, error, words in ((dict(searched=None), GenotypeError, "searched: expected an autoln.SiteGenotype"),
+                              (dict(searched=[good]), GenotypeError, "searched: expected"),
+                              (dict(searched=good, baselines="mix-ln"), ValueError, "baselines: expected a list of names"),
+                              (dict(searched=good, rule={"eta": 2}), ValueError, "rule: expected an autoln.race.RaceRule"),
+                              (dict(searched=good, values={"x": 1.0}), ValueError, "values: expected")):
+        with pytest.raises(error, match=words):
             autoln.race_genotypes(build, **bad, **kw)
     misfit = autoln.SiteGenotype(list(cands), {"foo": "pre"}, {"foo": [1.0, 0.0]})
     with pytest.raises(GenotypeError, match="bad: "):

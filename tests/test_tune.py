@@ -284,6 +284,39 @@ def test_diverged_trial_is_pruned_with_its_reason_and_the_study_completes(tmp_pa
     assert all(r["search.lr"] == "0.002" for r in table if r["outcome"] == "complete")
 
 
+def strict_json_files(folder: Path) -> list[Path]:
+    """Every ``*.json`` under ``folder``, each parsed by a strict parser (no NaN, Infinity)."""
+    import json
+
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    paths = sorted(folder.rglob("*.json"))
+    for path in paths:
+        json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+    return paths
+
+
+def test_skipped_updates_are_on_the_trial_s_record_and_a_nan_report_is_strict_json(tmp_path, cache):
+    import json
+
+    out = tmp_path / "skip"
+    proc = tune(out, *FAST, "--set", "tune.n_trials=1", "--set", "search.on_divergence=skip_batch",
+                "--set", "tune.space={search.lr: {categorical: [1000.0]}}", cache=cache, check=False)
+    trial = load_study(journal(out)).trials[0]
+    assert trial.user_attrs["skipped_batches"]["search"] > 0
+    assert "warning: updates skipped (NaN/inf loss or gradient, on_divergence=skip_batch): " in proc.stderr
+    reports = out / "trials" / "0000" / "reports.json"
+    assert None in json.loads(reports.read_text()).values()  # the NaN valid loss, as strict JSON's null
+    assert reports in strict_json_files(out) and len(strict_json_files(out)) >= 3
+
+
+def test_every_json_file_of_a_study_is_strict(tuned):
+    out, _ = tuned
+    names = {p.name for p in strict_json_files(out)}
+    assert {"best_genotype.json", "reports.json", "genotype.json", "metrics.json"} <= names
+
+
 def test_a_trial_that_raises_is_recorded_and_the_study_goes_on(tmp_path, cache):
     """A valid config that the data cannot serve (windows longer than the valid split): every
     trial fails with its reason. (A space whose values break a config rule is refused up front.)"""
