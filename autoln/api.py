@@ -558,7 +558,7 @@ def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> O
             kind's.
         ConfigError: with ``resume``, settings that differ from the checkpoint's (named).
     """
-    from .checkpoint import NOT_BITWISE, resume_differences
+    from .checkpoint import NOT_BITWISE, resume_differences, thread_change
     from .errors import ConfigError
     from .training import CHECKPOINT_FILE, check_out_dir
 
@@ -585,6 +585,7 @@ def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> O
     diffs, place = resume_differences(ckpt["config"], header["config"], place_keys=API_PLACE_KEYS)
     if diffs:
         raise ConfigError(f"resume: the settings differ from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs))
+    place += thread_change(ckpt)
     if place:
         print(f"note: resume with {'; '.join(place)}: {NOT_BITWISE}", file=sys.stderr)
     return ckpt
@@ -790,7 +791,8 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     data = SearchData(weights, alphas, lambda mix: evaluate_batches(model, selection(), device, mix=mix),
                       valid=(lambda: {"loss": evaluate_batches(model, valid_batches, device)}) if valid_batches is not None else None,
                       state_dict=lambda: {"w": weights.state_dict(), "alpha": alphas.state_dict()}, load_state_dict=load)
-    header = {"kind": "api-search", "config": {**asdict(cfg), "seed": seed, "sites": list(model.site_names)}}
+    header = {"kind": "api-search", "config": {**asdict(cfg), "seed": seed, "sites": list(model.site_names)},
+              "threads": torch.get_num_threads()}
     ckpt = check_resumable(out, resume, overwrite, header) if out is not None else None
     describe = lambda choices: " ".join(model.candidates[c] for c in model.expand(choices))  # noqa: E731
     pieces: list = [Monitor(cfg.steps, hessian, cfg.early_stop == "hessian")]

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import distributed
+from .signals import STOP_SIGNALS
 from .config import PLACE_KEYS, Config, with_defaults
 from .errors import ConfigError, OutputError, cut
 from .commands import again_command, resume_command
@@ -138,18 +139,73 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
         raise OutputError(f"--resume: {path} is a {found!r} checkpoint, not a {kind!r} one")
     if check is not None:
         check(ckpt)
-    diffs, place = resume_differences(with_defaults(ckpt["config"]), cfg.to_dict(), kind)
+    saved = with_defaults(ckpt["config"])
+    diffs, place = resume_differences(saved, cfg.to_dict(), kind)
+    diffs, moved = moved_corpus(diffs, ckpt.get("data_fingerprint"), cfg)
     if diffs:
         raise ConfigError(f"--resume: the config differs from the checkpoint's in {len(diffs)} key(s): " + "; ".join(diffs)
                           + f". Resume with the run's own config (--config {out / 'config.yaml'}, without the --set of those "
                           "keys), or start a new run (--overwrite in place of --resume, or another --out)")
+    if moved and distributed.is_main():
+        print(f"note: --resume: {moved}", file=sys.stderr)
+    place += thread_change(ckpt)
     if place and distributed.is_main():
         print(f"note: --resume with {'; '.join(place)}: {NOT_BITWISE}", file=sys.stderr)
     return ckpt
 
 
+def thread_change(ckpt: dict) -> list[str]:
+    """``["torch threads (checkpoint M, now N)"]`` when this process runs ``torch.get_num_threads()``
+    threads and the checkpoint's run recorded another count (its sums then add in another order:
+    results some 1e-7 apart), else ``[]``; a checkpoint without the count says nothing."""
+    then, now = ckpt.get("threads"), torch.get_num_threads()
+    return [f"torch threads (checkpoint {then}, now {now})"] if then is not None and then != now else []
+
+
+def check_corpus_there(cfg: Config) -> None:
+    """For ``--resume``: refuse a ``data.corpus`` path that is not there with the way on, before
+    anything reads it (the run's own config names the corpus where it was).
+
+    Raises:
+        DataError: naming the path, and that a corpus of the same bytes may move."""
+    from .errors import DataError
+
+    corpus = cfg.data.corpus
+    if corpus != "stdlib" and not Path(corpus).expanduser().exists():
+        raise DataError(f"data.corpus: {corpus} does not exist; if the corpus moved (another machine, another folder), resume "
+                        "with --set data.corpus=<where it is now>: a corpus of the same bytes may move, the checkpoint knows "
+                        "them by their fingerprint")
+
+
+def moved_corpus(diffs: list[str], fingerprint: Optional[str], cfg: Config) -> tuple[list[str], Optional[str]]:
+    """``diffs`` (:func:`resume_differences`) without ``data.corpus`` when the corpus only moved:
+    the corpus now at ``cfg.data.corpus`` has the content ``fingerprint`` the checkpoint recorded
+    (SHA-256 of its bytes, :attr:`autoln.data.Corpus.fingerprint`); then also the note that says
+    so. A corpus of other bytes stays a difference, and says so; so does one of a checkpoint
+    that recorded no fingerprint (made before autoln kept it), which cannot be told from another.
+
+    Raises:
+        DataError: the corpus now named cannot be read (:func:`autoln.data.load_corpus`)."""
+    from .data import load_corpus
+
+    at = [i for i, d in enumerate(diffs) if d.startswith("data.corpus ")]
+    if not at:
+        return diffs, None
+    i, out = at[0], list(diffs)
+    if fingerprint is None:
+        out[i] += (" (this checkpoint records no fingerprint of its corpus's bytes, so a moved corpus cannot be told from "
+                   "another: resume with the corpus at its old path)")
+        return out, None
+    now = load_corpus(cfg.data).fingerprint
+    if now != fingerprint:
+        out[i] += f" (another corpus: its bytes' fingerprint is {now[:12]}, the checkpoint's {fingerprint[:12]})"
+        return out, None
+    return out[:i] + out[i + 1:], (f"the corpus moved {diffs[i][len('data.corpus '):]}; its bytes are the checkpoint's "
+                                   f"(fingerprint {fingerprint[:12]}), so the run goes on with it")
+
+
 class StopSignals:
-    """Context manager for SIGINT and SIGTERM during a run.
+    """Context manager for SIGINT, SIGTERM and the other :data:`STOP_SIGNALS` during a run.
 
     The first signal sets :attr:`received`: the training loop finishes its step, writes a
     checkpoint and stops (:meth:`requested`, then :class:`Interrupted`). A second signal ends
@@ -231,13 +287,13 @@ class StopSignals:
             if not data:
                 return
             for signum in data:
-                if signum in (signal.SIGINT, signal.SIGTERM):
+                if signum in STOP_SIGNALS:
                     self._note(signum)
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._saved[sig] = signal.signal(sig, self._handle)
         r, w = os.pipe()
         os.set_blocking(w, False)

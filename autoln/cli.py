@@ -123,15 +123,18 @@ def _check_resume(p: argparse.ArgumentParser, args: argparse.Namespace, *others:
             p.error(f"--resume does not apply to --{option} (re-running that command resumes it)")
 
 
-def guarded(body: Callable[[], None], resume: Optional[Callable[[], Optional[str]]] = None) -> int:
+def guarded(body: Callable[[], None], resume: Optional[Callable[[], Optional[str]]] = None,
+            folder: Optional[Callable[[], Optional[Path]]] = None) -> int:
     """Run ``body`` and turn autoln's errors, refused files and Ctrl-C into one line and an
     exit status; under ``torchrun`` rank 0 prints the line, every process exits with the status
     and leaves the process group at the end (:func:`autoln.distributed.finish`). ``resume()``:
     the command that continues the run once memory is free (the out-of-memory line's), None
-    while the run folder is not known yet; default (and None) :func:`autoln.commands.again_command`."""
+    while the run folder is not known yet; default (and None) :func:`autoln.commands.again_command`.
+    ``folder``: the run folder (None while not known), whose checkpoints (there or in a run below
+    it) decide whether the out-of-memory line says one is kept."""
     said: list[str] = []
     try:
-        code = _guarded(body, _on_main(said), resume)
+        code = _guarded(body, _on_main(said), resume, folder)
     except BaseException as exc:  # a bug: its traceback goes to torchrun's summary too
         distributed = sys.modules.get("autoln.distributed")
         if distributed is not None:
@@ -141,7 +144,8 @@ def guarded(body: Callable[[], None], resume: Optional[Callable[[], Optional[str
     return code if distributed is None else distributed.finish(code, said)
 
 
-def _guarded(body: Callable[[], None], say: Callable[..., None], resume: Optional[Callable[[], Optional[str]]] = None) -> int:
+def _guarded(body: Callable[[], None], say: Callable[..., None], resume: Optional[Callable[[], Optional[str]]] = None,
+             folder: Optional[Callable[[], Optional[Path]]] = None) -> int:
     """:func:`guarded`'s exit status for ``body``, its lines given to ``say``."""
     try:
         from . import distributed  # noqa: F401 - imported inside the try: Ctrl-C may come while torch imports
@@ -177,8 +181,12 @@ def _guarded(body: Callable[[], None], say: Callable[..., None], resume: Optiona
             return EXIT_BAD_INPUT
         if not is_out_of_memory(exc):
             raise
-        say(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. The run folder keeps its last "
-            f"checkpoint; once memory is free, continue with: {(resume() if resume else None) or again_command()}; or lower "
+        go_on = (resume() if resume else None) or again_command()
+        where = folder() if folder else None
+        kept = ("The run folder keeps its last checkpoint" if where is not None and next(Path(where).rglob("checkpoint.pt"), None)
+                else "No checkpoint was written before it (it starts again from step 0)")
+        kept += f"; once memory is free, continue with: {go_on}"
+        say(f"error: out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. {kept}; or lower "
             "model.context, the batch_size or the model's size (model.d_model, model.n_layers, model.d_ff) and start a new "
             "run (--overwrite replaces this one, or choose another --out)", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
@@ -316,7 +324,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         _race(cfg, out, args.workers)
 
     where: dict = {}  # the run folder, once known: the out-of-memory line's resume command
-    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None)
+    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None, lambda: where.get("out"))
 
 
 def searched(out: Path) -> bool:
@@ -497,7 +505,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
             print("      " + tensorboard_line(Path(out)) + "   # this run's curves (one run per --logdir keeps others off its charts)")
 
     where: dict = {}  # the run folder, once known: the out-of-memory line's resume command
-    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None)
+    return guarded(body, lambda: resume_command(where["out"]) if "out" in where else None, lambda: where.get("out"))
 
 
 def compare_time(result, cfg, runs: int) -> str:

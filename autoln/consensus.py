@@ -140,7 +140,8 @@ SEARCH_SECTIONS = ("data", "model", "search")
 
 def check_same_search(folder: Path, cfg: Config) -> None:
     """Refuse to reuse the finished search in ``folder`` unless its genotype's recorded config
-    equals ``cfg`` in :data:`SEARCH_SECTIONS` (device and progress aside).
+    equals ``cfg`` in :data:`SEARCH_SECTIONS` (device and progress aside; ``data.corpus`` aside
+    when the corpus there now has the bytes the search recorded: it moved).
 
     Raises:
         ConfigError: naming each differing key, and the way out (``--overwrite`` or another ``--out``).
@@ -152,8 +153,14 @@ def check_same_search(folder: Path, cfg: Config) -> None:
         out.get("search", {}).pop("device", None)
         return out
 
-    recorded = Genotype.load(folder / GENOTYPE_FILE).provenance.get("config") or {}
+    provenance = Genotype.load(folder / GENOTYPE_FILE).provenance
+    recorded = provenance.get("config") or {}
     diff = differences(relevant(with_defaults(recorded)), relevant(cfg.to_dict()))
+    if any(d.startswith("data.corpus ") for d in diff):  # a corpus that moved with its bytes is the same
+        from .data import load_corpus
+
+        if (provenance.get("data") or {}).get("fingerprint_sha256") == load_corpus(cfg.data).fingerprint:
+            diff = [d for d in diff if not d.startswith("data.corpus ")]
     if diff:
         raise ConfigError(f"{folder} holds a search made with other settings ({'; '.join(diff)}); "
                           "choose another --out or pass --overwrite to redo every seed")

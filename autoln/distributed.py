@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import ConfigError
+from .signals import STOP_SIGNALS
 
 
 def launched() -> bool:
@@ -245,7 +246,7 @@ def finish(code: int, lines: Sequence[str], exc: Optional[BaseException] = None)
     """
     lingered = False
     try:
-        if launched() and (exc is not None or code not in (0, 128 + signal.SIGINT, 128 + signal.SIGTERM)):
+        if launched() and (exc is not None or code not in (0, *(128 + s for s in STOP_SIGNALS))):
             record_error(lines, "".join(traceback.format_exception(exc)) if exc is not None else None)
             if exc is None and launch_rank() != 0 and lines:
                 _wait_for_main(code)

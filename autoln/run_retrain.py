@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
 
 from . import distributed
 from .config import Config
 from .data import (HEADLINE, WindowSampler, check_lengths, estimate_starts, estimate_text, eval_batches, eval_starts,
                    load_corpus, metrics_from_loss)
 from .diagnostics import SpikeCounter, logits, snapshot
-from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, set_rng_state, space_errors_kept
+from .checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
 from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from .io import write_json_atomic, write_text_atomic
@@ -255,6 +256,8 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
              signals: StopSignals) -> RetrainResult:
     """The body of :func:`run_retrain`, under its ``signals``: set up, train, evaluate, write."""
     rc = cfg.retrain
+    if resume:
+        check_corpus_there(cfg)
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite, check_out=not resume)
     recorded, cut_note = genotype.record(genotype_spec)  # the copy in checkpoint.pt and metrics.json: provenance bounded
     if cut_note:
@@ -276,7 +279,8 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device,
-                                  {"kind": "retrain", "config": cfg.to_dict(), "genotype": recorded},
+                                  {"kind": "retrain", "config": cfg.to_dict(), "genotype": recorded,
+                                   "data_fingerprint": corpus.fingerprint, "threads": torch.get_num_threads()},
                                   write=main, last_step=ckpt["step"] if ckpt is not None else None)
     checkpointing.stop_if_signalled(f"before step {checkpointing.ckpts.next_step}, before writing anything")
     if main:

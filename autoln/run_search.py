@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+import torch
 
 from . import distributed
 from .config import Config
 from .data import HEADLINE, WindowSampler, arch_split, check_lengths, estimate_text, eval_starts, load_corpus, metrics_from_loss
-from .checkpoint import CHECKPOINT_FILE, StopSignals, load_for_resume, space_errors_kept
+from .checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, space_errors_kept
 from .errors import ConfigError, OutputError
 from .genotype import Genotype, from_probabilities, nest_sites
 from .io import write_text_atomic
@@ -197,6 +198,8 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
             signals: StopSignals) -> SearchResult:
     """The body of :func:`run_search`, under its ``signals``."""
     sc, mc = cfg.search, cfg.model
+    if resume:
+        check_corpus_there(cfg)
     ckpt = load_for_resume(out, "search", cfg, GENOTYPE_FILE) if resume else None
     if not resume:
         check_out_dir(out, overwrite)
@@ -213,7 +216,9 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     model = prepare_model(supernet, device, sc)
     data, split = search_data(cfg, corpus, model, device)
     start = ckpt["step"] if ckpt is not None else 0
-    checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device, {"kind": "search", "config": cfg.to_dict()},
+    checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device, {"kind": "search", "config": cfg.to_dict(),
+                                                                                "data_fingerprint": corpus.fingerprint,
+                                                                                "threads": torch.get_num_threads()},
                                   write=main, last_step=ckpt["step"] if ckpt is not None else None)
     checkpointing.stop_if_signalled(f"before step {start + 1}, before writing anything")
     if main:

@@ -363,16 +363,25 @@ def open_study(cfg: Config, out: Path, rank: int = 0, create: bool = False):
     if study.direction != optuna.study.StudyDirection.MINIMIZE or len(study.directions) != 1:
         raise ConfigError(f"{where} is not a single-objective minimisation study; autoln's studies minimise "
                           "the valid loss (choose another tune.study_name)")
+    from .data import load_corpus
+
     mine = study_config(cfg)
     theirs = study.user_attrs.get("autoln_config")
     if theirs is None:
         if create:
             study.set_user_attr("autoln_config", mine)
             study.set_user_attr("metric", _headline(cfg))
+            study.set_user_attr("data_fingerprint", load_corpus(cfg.data).fingerprint)
     elif theirs != mine:
         default = study_config(Config())  # a key one side lacks (another autoln version) counts as its default
+        keys = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k, default.get(k)) != mine.get(k, default.get(k))]
+        if "data.corpus" in keys and study.user_attrs.get("data_fingerprint") == load_corpus(cfg.data).fingerprint:
+            keys.remove("data.corpus")  # the corpus moved with its bytes (another machine): the same study
+            if rank == 0:
+                print(f"note: the study's corpus moved ({theirs['data.corpus']} -> {mine['data.corpus']}); its bytes are the "
+                      "study's, so the study goes on with it", file=sys.stderr)
         diff = [f"{k} ({_clipped_repr(theirs.get(k, default.get(k)))} in the study, {_clipped_repr(mine.get(k, default.get(k)))} now)"
-                for k in sorted(set(theirs) | set(mine)) if theirs.get(k, default.get(k)) != mine.get(k, default.get(k))]
+                for k in keys]
         if diff:
             fix = ("choose another tune.study_name, or pass --overwrite to delete that study from the database"
                    if cfg.tune.storage else "choose another tune.study_name or --out, or pass --overwrite")
@@ -614,9 +623,9 @@ def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
     :func:`autoln.consensus.check_same_search`), ``"checkpoint"`` (a checkpoint of a search whose
     ``config.yaml`` ``--resume`` accepts with ``cfg``, :func:`autoln.checkpoint.resume_differences`),
     ``"other"`` (either, made otherwise, or unreadable) or None (neither: nothing to keep)."""
-    import yaml
+    import torch
 
-    from .checkpoint import resume_differences
+    from .checkpoint import moved_corpus, resume_differences
     from .config import with_defaults
     from .consensus import check_same_search
     from .run_search import GENOTYPE_FILE
@@ -631,8 +640,12 @@ def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
     if (folder / CHECKPOINT_FILE).exists():
         try:
             saved = read_yaml((folder / "config.yaml").read_text(encoding="utf-8"))
-            same = isinstance(saved, dict) and not resume_differences(with_defaults(saved), cfg.to_dict(), "search")[0]
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, AutolnError, TypeError, AttributeError):
+            diffs = resume_differences(with_defaults(saved), cfg.to_dict(), "search")[0] if isinstance(saved, dict) else ["?"]
+            if any(d.startswith("data.corpus ") for d in diffs):  # a corpus that moved with its bytes is the same
+                ckpt = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+                diffs = moved_corpus(diffs, ckpt.get("data_fingerprint"), cfg)[0]
+            same = not diffs
+        except Exception:  # noqa: BLE001 - unreadable config or checkpoint (yaml, torch, a bad corpus): not reusable
             same = False
         return "checkpoint" if same else "other"
     return None

@@ -121,6 +121,9 @@ def _plots(study, out: Path, files: list[Path]) -> list[str]:
 
     notes = []
     for name in PLOTS:
+        if name == "intermediate_values" and not any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
+            notes.append(f"plots/{name}.png not drawn: no trial reported a valid loss at an evaluation yet")
+            continue  # (Optuna would log a warning about its pruning feature and draw an empty plot)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

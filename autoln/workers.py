@@ -26,6 +26,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .signals import STOP_SIGNALS
+
 
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity mask, which ``taskset`` and container
@@ -65,7 +67,7 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
     running: dict = {}
     # before the first worker exists: from here on a signal reaches the workers only through _forward
     forwarding = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _forward) for sig in (signal.SIGINT, signal.SIGTERM)} if forwarding else {}
+    previous = {sig: signal.signal(sig, _forward) for sig in STOP_SIGNALS} if forwarding else {}
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_start) as pool:
 
@@ -129,5 +131,5 @@ def _worker_start() -> None:
     :func:`_forward`), and until a run installs its own handlers (:class:`autoln.checkpoint.StopSignals`)
     a signal ends it quietly, without a traceback from the middle of an import."""
     os.setpgrp()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))

@@ -104,6 +104,23 @@ def test_out_of_memory_during_a_run_is_one_line_and_keeps_the_checkpoint(tmp_pat
     assert code == cli.EXIT_OUT_OF_MEMORY == 4
     assert "error: out of memory: DefaultCPUAllocator: can't allocate memory" in err and "Traceback" not in err
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4 and not (out / "metrics.json").exists()
+    assert "The run folder keeps its last checkpoint; once memory is free, continue with: " in err
+
+
+def test_out_of_memory_at_the_first_step_says_there_is_no_checkpoint(tmp_path, monkeypatch, capsys, cache_dir):
+    monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes. Error code 12")
+
+    monkeypatch.setattr(rr, "train_step", failing)
+    out = tmp_path / "r"
+    code = cli.retrain_main(["--config", TINY, "--genotype", "all-pre", "--set", "logging.progress=false",
+                             "--set", "logging.tensorboard=false", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_OUT_OF_MEMORY and not (out / "checkpoint.pt").exists()
+    assert "No checkpoint was written before it (it starts again from step 0); once memory is free, continue with: " in err
+    assert "keeps its last checkpoint" not in err
 
 
 def test_a_search_too_large_for_the_machine_is_refused(tmp_path, capsys, cache_dir, monkeypatch):

@@ -22,7 +22,7 @@ import torch
 from autoln import run_retrain as rr
 from autoln import run_search as rs
 from autoln.config import load_config
-from autoln.errors import DivergenceError
+from autoln.errors import ConfigError, DataError, DivergenceError
 from autoln.model import TransformerLM
 
 from .conftest import ROOT
@@ -451,3 +451,111 @@ def test_a_resumed_logger_right_after_the_first_is_read_after_it(tmp_path, monke
     acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(0, 1.0), (2, 2.0), (4, 3.0)]
+
+
+def test_a_corpus_moved_with_the_same_bytes_resumes_and_another_is_refused(tmp_path, capsys):
+    """Resume on another machine: the corpus at a new path with the same bytes goes on (a note
+    says so) to the uninterrupted result; other bytes, or a checkpoint that kept no fingerprint,
+    are refused by name; a remedy that points at a corpus no longer there says to move it."""
+    old, new, other = tmp_path / "a" / "text.txt", tmp_path / "b" / "text.txt", tmp_path / "c" / "text.txt"
+    for p in (old, new, other):
+        p.parent.mkdir()
+    text = (ROOT / "README.md").read_text(encoding="utf-8") * 2
+    old.write_text(text, encoding="utf-8")
+    other.write_text(text.replace("autoln", "AUTOLN"), encoding="utf-8")
+
+    def cfg(corpus, *sets):
+        return load_config(TINY, ["retrain.steps=4", "retrain.eval_every=2", "retrain.final_eval_windows=4", "retrain.warmup_steps=1",
+                                  "checkpoint.every=2", "logging.progress=false", f"data.corpus={corpus}",
+                                  f"data.cache_dir={tmp_path / 'cache'}", *sets])
+
+    whole = rr.run_retrain(cfg(old), "all-pre", tmp_path / "whole")
+
+    def stop(step: int, _valid: dict) -> None:
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rr.run_retrain(cfg(old), "all-pre", tmp_path / "part", on_eval=stop)
+    old.rename(new)  # the run goes to another machine, its corpus to another path
+    with pytest.raises(ConfigError, match=r"data.corpus .*another corpus: its bytes' fingerprint is"):
+        rr.run_retrain(cfg(other), "all-pre", tmp_path / "part", resume=True)
+    with pytest.raises(DataError, match=r"a/text.txt does not exist; if the corpus moved .*resume with --set data.corpus="):
+        rr.run_retrain(cfg(old), "all-pre", tmp_path / "part", resume=True)  # the run's own config names the old path
+    capsys.readouterr()
+    done = rr.run_retrain(cfg(new), "all-pre", tmp_path / "part", resume=True)
+    err = capsys.readouterr().err
+    assert "note: --resume: the corpus moved (checkpoint " in err and "its bytes are the checkpoint's" in err
+    assert json.loads(done.path.read_text())["valid"] == json.loads(whole.path.read_text())["valid"]
+
+
+def test_a_checkpoint_without_a_fingerprint_cannot_take_a_moved_corpus(tmp_path):
+    from autoln.checkpoint import moved_corpus
+
+    cfg = load_config(TINY, ["data.corpus=stdlib"])
+    diffs = ["data.corpus (checkpoint /old/x.txt, now stdlib)", "retrain.lr (checkpoint 0.002, now 0.01)"]
+    kept, note = moved_corpus(diffs, None, cfg)
+    assert note is None and "records no fingerprint of its corpus's bytes" in kept[0] and kept[1] == diffs[1]
+    assert moved_corpus(diffs[1:], None, cfg) == (diffs[1:], None)  # no corpus difference: nothing to look at
+
+
+def test_a_finished_search_is_reused_where_its_corpus_moved_with_its_bytes(tmp_path):
+    from autoln.consensus import check_same_search
+    from autoln.data import load_corpus
+    from autoln.genotype import baseline
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8") * 2
+    old, new, other = tmp_path / "old.txt", tmp_path / "new.txt", tmp_path / "other.txt"
+    new.write_text(text, encoding="utf-8")
+    other.write_text(text.replace("autoln", "AUTOLN"), encoding="utf-8")
+
+    def cfg(corpus):
+        return load_config(TINY, [f"data.corpus={corpus}", f"data.cache_dir={tmp_path / 'cache'}"])
+
+    g = baseline("all-pre", cfg(new).model, 256)
+    g.provenance = {"config": cfg(old).to_dict(), "data": {"fingerprint_sha256": load_corpus(cfg(new).data).fingerprint}}
+    g.save(tmp_path / "s" / "genotype.json")
+    check_same_search(tmp_path / "s", cfg(new))  # the same bytes at another path: reused
+    with pytest.raises(ConfigError, match="data.corpus"):
+        check_same_search(tmp_path / "s", cfg(other))
+
+
+def test_sighup_stops_a_run_as_sigterm_does(tmp_path):
+    """A closed terminal or ssh session (SIGHUP): the step finishes, its checkpoint is written and
+    the resume command printed, exit 129; the other catchable signals that end a process by
+    default are in the same table."""
+    from autoln.signals import STOP_SIGNALS
+
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU,
+            signal.SIGALRM} == set(STOP_SIGNALS)
+    assert not {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGPROF, signal.SIGKILL} & set(STOP_SIGNALS)
+    cache, out = str(tmp_path / "cache"), tmp_path / "hup"
+    proc = kill_after(command("retrain.py", "--genotype", "all-pre", *RETRAIN, "--out", str(out)), out, 8, signal.SIGHUP, cache)
+    assert proc.returncode == 128 + signal.SIGHUP and "SIGHUP: stopping" in proc.stderr and "--resume" in proc.stderr
+    stopped = checkpoint_step(out)
+    assert stopped >= 8 and f"after step {stopped}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_resume_with_another_thread_count_says_it_is_not_bitwise(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
+    cfg = load_config(TINY, ["retrain.steps=4", "retrain.eval_every=2", "retrain.final_eval_windows=4", "checkpoint.every=2", "retrain.warmup_steps=1",
+                             "logging.progress=false", f"data.corpus={text}", f"data.cache_dir={tmp_path / 'cache'}"])
+
+    def stop(step: int, _valid: dict) -> None:
+        if step == 2:
+            raise KeyboardInterrupt
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(KeyboardInterrupt):
+            rr.run_retrain(cfg, "all-pre", tmp_path / "r", on_eval=stop)
+        assert torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)["threads"] == 1
+        torch.set_num_threads(2)
+        capsys.readouterr()
+        rr.run_retrain(cfg, "all-pre", tmp_path / "r", resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert "note: --resume with torch threads (checkpoint 1, now 2): the run goes on from its checkpoint, but is no longer " \
+        "bitwise" in capsys.readouterr().err

@@ -519,3 +519,17 @@ def test_a_long_differing_value_is_cut_in_the_one_line_error():
     space = {"search.arch_lr": {"log-uniform": [1e-4, 3e-2]}, "search.lr": {"log-uniform": [5e-4, 5e-3]}}
     assert _clipped_repr(space) == repr(space)[:57] + "..." and len(_clipped_repr(space)) == 60
     assert _clipped_repr(100) == "100" and _clipped_repr("cosine") == "'cosine'"
+
+
+def test_a_study_without_a_reported_value_draws_no_empty_plot_and_logs_no_optuna_warning(tmp_path, capfd):
+    import optuna
+
+    from autoln.tune_report import _plots
+
+    study = optuna.create_study()
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # no trial completed, none reported
+    capfd.readouterr()
+    notes = _plots(study, tmp_path, [])
+    assert "plots/intermediate_values.png not drawn: no trial reported a valid loss at an evaluation yet" in notes
+    err = capfd.readouterr().err
+    assert "plot_intermediate_values" not in err and not (tmp_path / "plots" / "intermediate_values.png").exists()
