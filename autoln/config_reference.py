@@ -102,7 +102,7 @@ HELP = {
     "race.rungs": "rungs of the race, the last at retrain.steps, each earlier one eta times shorter",
     "race.final_seeds": "seeds of each finalist at retrain.steps (retrain.seed + 0, 1, ...); at least 2",
     "race.level": "a searched finalist wins only below this p-value of a one-sided paired t-test over the seeds",
-    "checkpoint.every": "steps between checkpoints (also at each evaluation, the end, SIGINT and SIGTERM)",
+    "checkpoint.every": "steps between checkpoints (also at each evaluation, the end, and a stop signal: SIGINT, SIGTERM, SIGHUP...)",
     "logging.tensorboard": "write the run's pictures: TensorBoard event files and (a search) alphas.png and alphas_heatmap.png",
     "logging.progress": "a progress bar on a terminal, a line per evaluation in a redirected log",
     "logging.log_every": "steps between training-loss scalars",
