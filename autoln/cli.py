@@ -95,8 +95,15 @@ def number(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
+def invoked_as(script: str) -> str:
+    """The command's name as the user typed it: the console script (``autoln-search``,
+    ``autoln-retrain``) when run through one, else ``script`` (``search.py``, ``retrain.py``)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("autoln-") else script
+
+
 def _parser(prog: str, description: str, section: str, default_out: str) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=prog, description=description)
+    p = OneLineParser(prog=invoked_as(prog), description=description)
     p.section = section
     p.add_argument("--config", metavar="FILE", help=f"YAML config (sections {', '.join(CONFIG_SECTIONS)})")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],

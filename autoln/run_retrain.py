@@ -29,6 +29,7 @@ from .diagnostics import SpikeCounter, logits, snapshot
 from .checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
 from .errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from .genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
+from .placements import placement_names
 from .io import write_json_atomic, write_text_atomic
 from .locks import FolderLock
 from .model import build_derived
@@ -111,7 +112,11 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     if spec and Path(spec).is_dir():
         raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")
     if not spec or not Path(spec).is_file():
-        hint = " ('none' has no norm, so no ':fixed' form)" if spec.startswith("all-none:") else ""
+        import difflib
+
+        close = difflib.get_close_matches(spec, [*BASELINES, *(f"all-{c}" for c in placement_names())], n=1)
+        hint = (" ('none' has no norm, so no ':fixed' form)" if spec.startswith("all-none:")
+                else f" (did you mean {close[0]!r}?)" if close else "")
         raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name{hint} (expected a genotype.json, "
                             f"one of {list(BASELINES)} or all-<candidate> such as all-pre:fixed)")
     genotype = Genotype.load(spec)

@@ -305,3 +305,27 @@ def test_no_json_file_is_written_with_a_writer_that_allows_nan():
                 if not any(k.arg == "allow_nan" and getattr(k.value, "value", True) is False for k in call.keywords):
                     found.append(f"{path.name}:{call.lineno}")
     assert found == []
+
+
+@pytest.mark.parametrize("script, main", [("autoln-search", "search_main"), ("autoln-retrain", "retrain_main")])
+def test_a_console_script_s_help_names_it(script, main, monkeypatch, capsys):
+    from autoln import cli
+
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{script}", "--help"])
+    with pytest.raises(SystemExit) as exc:
+        getattr(cli, main)(["--help"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {script} ")
+    monkeypatch.setattr(sys, "argv", ["search.py"])
+    assert cli.invoked_as("search.py") == "search.py"
+
+
+def test_a_misspelt_baseline_names_the_nearest(tmp_path):
+    from autoln.config import load_config
+    from autoln.errors import GenotypeError
+    from autoln.run_retrain import resolve_genotype
+
+    cfg = load_config(TINY)
+    with pytest.raises(GenotypeError, match=r"--genotype 'all-pree': no such file, and not a baseline name \(did you mean 'all-pre'\?\)"):
+        resolve_genotype("all-pree", cfg, 256)
+    with pytest.raises(GenotypeError, match=r"'mix-lm'.*did you mean 'mix-ln'\?"):
+        resolve_genotype("mix-lm", cfg, 256)
