@@ -612,6 +612,53 @@ def check_folder(out: Path, resume: bool) -> None:
         raise OutputError(f"autoln.search: resume=True: out={str(out)!r} does not exist, so there is no run to continue")
 
 
+def check_search(model, steps, seed, shortlist, checkpoint_every, cfg, loss_fn, on_eval, out, tensorboard, resume,
+                 train_batches, arch_batches, selection_batches, valid_batches) -> tuple[SearchConfig, Optional[Path]]:
+    """:func:`search`'s arguments checked, before anything is built: ``(the settings, validated,
+    with ``steps``; the run folder or None)``.
+
+    Raises:
+        ConfigError, OutputError, ValueError: as :func:`search` says."""
+    from .errors import ConfigError
+
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"autoln.search: seed: expected an integer, got {seed!r}")
+    if isinstance(shortlist, bool) or not isinstance(shortlist, int) or not 0 <= shortlist <= 10:
+        raise ValueError(f"autoln.search: shortlist: expected an integer from 0 to 10, got {shortlist!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
+                         f"signals), got {checkpoint_every!r}")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"autoln.search: model: expected your model (an nn.Module with autoln.Site s), got a {type(model).__name__}")
+    if cfg is not None and not isinstance(cfg, SearchConfig):
+        hint = ": autoln.SearchConfig(**cfg) builds one from it" if isinstance(cfg, dict) else ""
+        raise ConfigError(f"autoln.search: cfg: expected an autoln.SearchConfig, e.g. autoln.SearchConfig(steps=200), got a "
+                          f"{type(cfg).__name__}{hint}")
+    for name, fn in (("loss_fn", loss_fn), ("on_eval", on_eval)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"autoln.search: {name}: expected a function, got a {type(fn).__name__}")
+    try:
+        cfg = default_config(steps) if cfg is None else cfg if steps is None else replace(cfg, steps=steps)
+        cfg.validate()
+    except ConfigError as exc:  # the message names the key; the remedy in the API's terms
+        raise ConfigError(f"autoln.search: cfg: {str(exc).split(' (e.g. --set')[0]}; in the API pass "
+                          f"autoln.SearchConfig(..., key=value), or start from autoln.api.default_config({cfg.steps}), "
+                          "whose warm-ups fit the steps") from None
+    if out is None and (tensorboard or resume):
+        raise ValueError("autoln.search: tensorboard and resume need a run folder: pass out=...")
+    check_batches(train_batches, "train_batches", 1 if arch_batches is not None else 2)
+    for what, batches in (("arch_batches", arch_batches), ("selection_batches", selection_batches),
+                          ("valid_batches", valid_batches)):
+        if batches is not None:
+            check_batches(batches, what)
+    if out is not None:
+        out = Path(out)
+        check_folder(out, resume)
+    return cfg, out
+
+
 #: The file :func:`search` writes its answer to in ``out``.
 GENOTYPE_FILE = "genotype.json"
 
@@ -692,43 +739,8 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     from .checkpoint import StopSignals, space_errors_kept
     from .locks import FolderLock
 
-    from .errors import ConfigError
-
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"autoln.search: steps: expected a positive integer, got {steps!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"autoln.search: seed: expected an integer, got {seed!r}")
-    if isinstance(shortlist, bool) or not isinstance(shortlist, int) or not 0 <= shortlist <= 10:
-        raise ValueError(f"autoln.search: shortlist: expected an integer from 0 to 10, got {shortlist!r}")
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-        raise ValueError(f"autoln.search: checkpoint_every: expected an integer >= 0 (0: only at evaluations and on "
-                         f"signals), got {checkpoint_every!r}")
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"autoln.search: model: expected your model (an nn.Module with autoln.Site s), got a {type(model).__name__}")
-    if cfg is not None and not isinstance(cfg, SearchConfig):
-        hint = ": autoln.SearchConfig(**cfg) builds one from it" if isinstance(cfg, dict) else ""
-        raise ConfigError(f"autoln.search: cfg: expected an autoln.SearchConfig, e.g. autoln.SearchConfig(steps=200), got a "
-                          f"{type(cfg).__name__}{hint}")
-    for name, fn in (("loss_fn", loss_fn), ("on_eval", on_eval)):
-        if fn is not None and not callable(fn):
-            raise ValueError(f"autoln.search: {name}: expected a function, got a {type(fn).__name__}")
-    try:
-        cfg = default_config(steps) if cfg is None else cfg if steps is None else replace(cfg, steps=steps)
-        cfg.validate()
-    except ConfigError as exc:  # the message names the key; the remedy in the API's terms
-        raise ConfigError(f"autoln.search: cfg: {str(exc).split(' (e.g. --set')[0]}; in the API pass "
-                          f"autoln.SearchConfig(..., key=value), or start from autoln.api.default_config({cfg.steps}), "
-                          "whose warm-ups fit the steps") from None
-    if out is None and (tensorboard or resume):
-        raise ValueError("autoln.search: tensorboard and resume need a run folder: pass out=...")
-    check_batches(train_batches, "train_batches", 1 if arch_batches is not None else 2)
-    for what, batches in (("arch_batches", arch_batches), ("selection_batches", selection_batches),
-                          ("valid_batches", valid_batches)):
-        if batches is not None:
-            check_batches(batches, what)
-    if out is not None:
-        out = Path(out)
-        check_folder(out, resume)
+    cfg, out = check_search(model, steps, seed, shortlist, checkpoint_every, cfg, loss_fn, on_eval, out, tensorboard, resume,
+                            train_batches, arch_batches, selection_batches, valid_batches)
     if not isinstance(model, SearchModel):
         torch.manual_seed(seed)
         model = SearchModel(model, loss_fn, cfg.arch_init_std, cfg.tau_start, cfg.mixing)

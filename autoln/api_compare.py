@@ -27,6 +27,7 @@ from .api import SiteGenotype, as_number, as_pair, as_site_genotype, check_build
 from .config import RetrainConfig
 from .errors import GenotypeError
 from .ranking import is_tie, mean_std, stats, vs_best
+from .training import on_terminal, progress_bar
 
 
 @dataclass
@@ -53,12 +54,13 @@ class CompareRow:
 @dataclass
 class Comparison:
     """What :func:`compare` returns: ``rows`` ranked best (lowest mean) first, the ``seeds``,
-    and ``notes``: per genotype one line on how it stands against each baseline (beats, ties,
-    loses, with the gap)."""
+    ``notes``: per genotype one line on how it stands against each baseline (beats, ties,
+    loses, with the gap), and the values' ``unit`` (what ``evaluate`` returns)."""
 
     rows: list[CompareRow]
     seeds: list[int]
     notes: list[str] = field(default_factory=list)
+    unit: str = "nats/token"
 
     def row(self, name: str) -> CompareRow:
         """The row called ``name``.
@@ -73,7 +75,7 @@ class Comparison:
     def table(self) -> str:
         """A Markdown table: name, placements, mean ± std, per seed, vs best (a tie within one std)."""
         best = self.rows[0]
-        lines = ["| model | placements | mean ± std | per seed | vs best |", "|---|---|---|---|---|"]
+        lines = [f"| model | placements | mean ± std ({self.unit}) | per seed | vs best |", "|---|---|---|---|---|"]
         for r in self.rows:
             cell = vs_best(r.mean - best.mean, max(r.std, best.std), len(self.seeds), r is best)
             lines.append(f"| {r.name} | {r.placements} | {mean_std(r.values)} | "
@@ -88,14 +90,14 @@ class Comparison:
 Genotypes = Union[SiteGenotype, Mapping[str, SiteGenotype]]
 
 
-def verdict(row: CompareRow, other: CompareRow) -> str:
+def verdict(row: CompareRow, other: CompareRow, unit: str = "nats/token") -> str:
     """``row`` against ``other`` in words: ``beats``, ``ties`` or ``loses to``, with the gap of
-    the means (one seed: no tie is called, the line says it is one seed)."""
+    the means in ``unit`` (one seed: no tie is called, the line says it is one seed)."""
     gap = row.mean - other.mean
     tie = is_tie(row.values, other.values)
     word = "ties" if tie else "beats" if gap < 0 else "loses to"
     within = " (within one std)" if tie else "" if len(row.values) > 1 else " (one seed: a look, not a result)"
-    return f"{row.name} {word} {other.name}: {row.mean:.4f} against {other.mean:.4f}, gap {gap:+.4f}{within}"
+    return f"{row.name} {word} {other.name}: {row.mean:.4f} against {other.mean:.4f} {unit}, gap {gap:+.4f}{within}"
 
 
 def uniform(model: nn.Module, placement: str) -> SiteGenotype:
@@ -214,15 +216,15 @@ def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str
 
 
 def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
-            seeds: Union[int, Sequence[int]] = 3, train: Optional[Callable[[nn.Module, int], Any]] = None,
-            evaluate: Optional[Callable[[nn.Module], float]] = None, train_batches: Optional[Iterable] = None,
-            valid_batches: Optional[Iterable] = None, cfg: Optional[RetrainConfig] = None,
-            progress: bool = True) -> Comparison:
+                      seeds: Union[int, Sequence[int]] = 3, train: Optional[Callable[[nn.Module, int], Any]] = None,
+                      evaluate: Optional[Callable[[nn.Module], float]] = None, train_batches: Optional[Iterable] = None,
+                      valid_batches: Optional[Iterable] = None, cfg: Optional[RetrainConfig] = None,
+                      progress: bool = True, unit: str = "nats/token") -> Comparison:
     """Train each genotype's derived model and each baseline at equal seeds and budget; rank them.
 
     Args:
         build: ``() -> nn.Module``, a fresh model with the searched sites (the candidates the
-            genotypes were searched over), e.g. ``lambda: GPT(GPTConfig(norm_candidates=C))``;
+            genotypes were searched over), e.g. ``lambda: GPT(GPTConfig(**size, norm_candidates=C))`` (the README's sizes);
             called once per run after ``torch.manual_seed(seed)``.
         genotypes: one :class:`autoln.SiteGenotype` (named ``searched``) or ``{name: genotype}``;
             a genotype's ``genotype.json`` path serves for it.
@@ -235,7 +237,11 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
             :func:`default_evaluate` on ``valid_batches``.
         cfg: the default loop's settings (:class:`autoln.config.RetrainConfig`: 1000 AdamW
             steps at lr 2e-3 with 50 warm-up steps, cosine to a tenth, clip 1.0).
-        progress: a line per finished run on stderr, and the report on stdout at the end.
+        progress: on stderr a tqdm bar over the runs on a terminal, or one line per finished
+            run with the estimated time left in a redirected log (:class:`RunProgress`), and
+            the report on stdout at the end.
+        unit: the unit of ``evaluate``'s value, printed after every number (default
+            ``nats/token``: a cross-entropy's, as nanoGPT's loss and the default evaluation).
 
     Returns:
         :class:`Comparison`.
@@ -251,6 +257,44 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
             checked before the first training.
     """
     where = "autoln.compare_genotypes"
+    seed_list, named, baselines = check_compare(build, genotypes, baselines, seeds, train, evaluate, cfg)
+    torch.manual_seed(seed_list[0])
+    probe = build()
+    if baselines is None:
+        sites = searchable_sites(probe)
+        baselines = list(sites[0][1].placements) if sites else []
+    models = dict(named) | {f"all-{p}": uniform(probe, p) for p in baselines}
+    del probe
+    if not models:
+        raise ValueError(f"{where}: nothing to compare: give genotypes or baselines")
+    train = train or default_train(train_batches, cfg or RetrainConfig())
+    evaluate = evaluate or default_evaluate(valid_batches)
+    check_before_training(build, models, evaluate, where)
+    values: dict[str, list[float]] = {name: [] for name in models}
+    shown = RunProgress(where, progress, len(models) * len(seed_list), "run")
+    for seed in seed_list:
+        for name, genotype in models.items():
+            torch.manual_seed(seed)
+            model = derive(build(), genotype)
+            train(model, seed)
+            values[name].append(as_number(evaluate(model), where))
+            shown.finished(f"{name} seed {seed}: {values[name][-1]:.4f} {unit}")
+    shown.close()
+    rows = sorted((CompareRow(n, g.describe(), values[n]) for n, g in models.items()), key=lambda r: r.mean)
+    result = Comparison(rows, seed_list, unit=unit)
+    base_rows = [r for r in rows if r.name.startswith("all-") and r.name not in named]
+    result.notes += [verdict(result.row(name), other, unit) for name in named for other in base_rows]
+    if progress:
+        print(result.report(), flush=True)
+    return result
+
+
+def check_compare(build, genotypes, baselines, seeds, train, evaluate, cfg) -> tuple[list[int], dict[str, SiteGenotype], Optional[list[str]]]:
+    """:func:`compare_genotypes`' arguments checked: ``(seeds, named genotypes, baselines)``.
+
+    Raises:
+        ValueError, GenotypeError: as :func:`compare_genotypes` says."""
+    where = "autoln.compare_genotypes"
     check_build(build, where)
     seed_list = seeds_of(seeds, where)
     named = genotype_map(genotypes, where, "searched")
@@ -261,41 +305,45 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
     for what, fn in (("train", train), ("evaluate", evaluate)):
         if fn is not None and not callable(fn):
             raise ValueError(f"{where}: {what}: expected a function, got a {type(fn).__name__}")
-    torch.manual_seed(seed_list[0])
-    probe = build()
-    if baselines is None:
-        sites = searchable_sites(probe)
-        baselines = list(sites[0][1].placements) if sites else []
-    models = dict(named)
-    for p in baselines:
-        models[f"all-{p}"] = uniform(probe, p)
-    del probe
-    if not models:
-        raise ValueError(f"{where}: nothing to compare: give genotypes or baselines")
-    train = train or default_train(train_batches, cfg or RetrainConfig())
-    evaluate = evaluate or default_evaluate(valid_batches)
-    check_before_training(build, models, evaluate, where)
-    values: dict[str, list[float]] = {name: [] for name in models}
-    total, done = len(models) * len(seed_list), 0
-    for seed in seed_list:
-        for name, genotype in models.items():
-            torch.manual_seed(seed)
-            model = derive(build(), genotype)
-            train(model, seed)
-            value = as_number(evaluate(model), where)
-            values[name].append(value)
-            done += 1
-            if progress:
-                print(f"autoln.compare_genotypes: {name} seed {seed}: {value:.4f} ({done}/{total})", file=sys.stderr, flush=True)
-    rows = sorted((CompareRow(n, g.describe(), values[n]) for n, g in models.items()), key=lambda r: r.mean)
-    result = Comparison(rows, seed_list)
-    base_rows = [r for r in rows if r.name.startswith("all-") and r.name not in named]
-    for name in named:
-        for other in base_rows:
-            result.notes.append(verdict(result.row(name), other))
-    if progress:
-        print(result.report(), flush=True)
-    return result
+    return seed_list, named, baselines
+
+
+class RunProgress:
+    """The progress of a comparison or a race on a user's model, on stderr: a tqdm bar over its
+    work on a terminal (each finished run written above it), and in a redirected log one line
+    per finished run with the estimated time left (:class:`autoln.training.TimeLeft`, as
+    ``search.py``'s lines). Nothing with ``show`` False.
+
+    Args:
+        where: the function's name, the lines' prefix (``autoln.race_genotypes``).
+        show: draw and print at all.
+        total: the work in all (runs; a race's :func:`autoln.race.most_steps`).
+        unit: what ``total`` counts (``run``, ``step``).
+        bound: ``total`` is a bound (a race may stop early): the estimate says "at most".
+    """
+
+    def __init__(self, where: str, show: bool, total: int, unit: str, bound: bool = False) -> None:
+        self.where, self.show, self.total, self.unit, self.bound = where, show, total, unit, bound
+        self.done = 0
+        self.bar = progress_bar(show=show, total=total, desc=where.rsplit(".", 1)[-1], unit=unit)
+
+    def finished(self, text: str, amount: int = 1) -> None:
+        """One run finished (``amount`` units of the total): the bar moves, and ``text`` (the
+        run and its value, with its unit) is printed, in a log with the time left."""
+        self.done += amount
+        self.bar.update(amount)
+        if not self.show:
+            return
+        if on_terminal():
+            self.bar.write(f"{self.where}: {text}", file=sys.stderr)
+            return
+        count = f"{self.done}/{self.total} {self.unit}s" + (" at most" if self.bound else "")
+        print(f"{self.where}: {text} ({count}, {self.bar.time_left.text(self.done, bound=self.bound)})",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Close the bar."""
+        self.bar.close()
 
 
 # --- the race on a user's model (docs/design.md §10; the rule: autoln.race) -----------------------
@@ -359,7 +407,7 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
                    train: Callable[[nn.Module, int, int], Any], evaluate: Callable[[nn.Module], float], steps: int,
                    own: Union[str, SiteGenotype] = "pre", baselines: Optional[Sequence[str]] = None, seed: int = 0,
                    rule: Any = None, values: Optional[dict] = None, on_result: Optional[Callable[[Any, float], None]] = None,
-                   progress: bool = True) -> RaceOutcome:
+                   progress: bool = True, unit: str = "nats/token") -> RaceOutcome:
     """The race of ``search.py`` on a user's model (docs/design.md §10; the rule is
     :mod:`autoln.race`): the search's shortlist against the named placements and the model's
     own placement, decided by real trainings: successive halving of the searched genotypes
@@ -387,7 +435,12 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         values: measurements already made (``(entry, steps, seed index)`` -> value), reused and
             filled in: a race continued after an interruption, or replayed.
         on_result: ``fn(job, value)`` after each retrain (e.g. to keep it in a table).
-        progress: a line per retrain and the verdict on stderr.
+        progress: on stderr the pool, then a tqdm bar over the race's most retrain steps
+            (:func:`autoln.race.most_steps`) on a terminal, or a line per retrain with the
+            estimated time left at most in a redirected log (:class:`RunProgress`), and the
+            verdict.
+        unit: the unit of ``evaluate``'s value, printed after every number (default
+            ``nats/token``).
 
     Returns:
         :class:`RaceOutcome`.
@@ -402,75 +455,41 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
             found before any training.
         autoln.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict`).
     """
-    import numbers
-
     from . import race as R
 
-    def fail(what: str) -> ValueError:
-        return ValueError(f"autoln.race_genotypes: {what}")
-
     where = "autoln.race_genotypes"
-    check_build(build, where)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise fail(f"steps: expected a positive integer, got {steps!r}")
-    for what, fn in (("train", train), ("evaluate", evaluate), ("on_result", on_result)):
-        if (fn is not None or what != "on_result") and not callable(fn):
-            raise fail(f"{what}: expected a function, got a {type(fn).__name__}")
+    rule, baselines = check_race(build, train, evaluate, steps, on_result, rule, values, baselines)
     if not isinstance(searched, Mapping):
         searched = as_site_genotype(searched, f"{where}: searched")
-    if rule is not None and not isinstance(rule, R.RaceRule):
-        raise fail(f"rule: expected an autoln.race.RaceRule(eta=..., rungs=..., final_seeds=..., level=...), got {type(rule).__name__}")
-    baselines = check_names(baselines, f"{where}: baselines")
-    if values is not None and (not isinstance(values, Mapping) or any(
-            not (isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], str) and isinstance(k[1], int) and isinstance(k[2], int))
-            or isinstance(v, bool) or not isinstance(v, numbers.Real) for k, v in values.items())):
-        raise fail("values: expected {(entry name, steps, seed index): value}, as RaceOutcome.values holds them")
-    rule = rule or R.RaceRule()
-    torch.manual_seed(seed)
-    probe = build()
-    named = named_site_genotypes(probe)
-    cands = list(searchable_sites(probe)[0][1].placements)
-    del probe
-    unknown = [b for b in (baselines or []) if b not in named]
-    if unknown:
-        raise ValueError(f"autoln.race_genotypes: baselines: unknown {unknown}; expected some of {list(named)}")
-    named = {k: v for k, v in named.items() if baselines is None or k in baselines}
-    if isinstance(own, str):
-        if own not in cands:
-            raise ValueError(f"autoln.race_genotypes: own: {own!r} is not among the sites' candidates {cands}")
-        own_name, own_g = f"all-{own}", named.get(f"all-{own}") or uniform(build(), own)
-    elif isinstance(own, SiteGenotype):
-        own_name, own_g = "own", own
-    else:
-        raise ValueError(f"autoln.race_genotypes: own: expected a candidate name or an autoln.SiteGenotype, got {type(own).__name__}")
-    pool_g = searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else \
-        {name: as_site_genotype(g, f"{where}: searched[{name!r}]") for name, g in searched.items()}
-    named.pop(own_name, None)
-    check_before_training(build, {own_name: own_g, **named, **pool_g}, evaluate, where)
-    if not pool_g and progress:
-        print("autoln.race_genotypes: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
+    own_name, genotypes, pool_g = race_genotype_pool(build, searched, own, baselines, seed)
+    check_before_training(build, genotypes, evaluate, where)
+    named = {k: g for k, g in genotypes.items() if k != own_name and k not in pool_g}
     entries, aliases = R.make_pool([(n, g.describe()) for n, g in pool_g.items()], [(n, g.describe()) for n, g in named.items()],
-                                   own=(own_name, own_g.describe()))
-    genotypes = {own_name: own_g, **named, **pool_g}
+                                   own=(own_name, genotypes[own_name].describe()))
+    if progress:
+        if not pool_g:
+            print(f"{where}: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
+        print(f"{where}: pool {', '.join(e.name for e in entries)}"
+              + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
+              + f"; rungs at {R.rung_steps(steps, rule)} steps", file=sys.stderr, flush=True)
+    shown = RunProgress(where, progress, R.most_steps(entries, steps, rule), "step", bound=True)
+    shown.done = R.steps_done(values or {})
 
     def measure(job) -> float:
         torch.manual_seed(seed + job.seed)
         model = derive(build(), genotypes[job.entry])
         train(model, seed + job.seed, job.steps)
         value = as_number(evaluate(model), where)
-        if progress:
-            print(f"autoln.race_genotypes: {job.entry} at {job.steps} steps, seed {seed + job.seed}: {value:.4f}",
-                  file=sys.stderr, flush=True)
+        shown.finished(f"{job.entry} at {job.steps} steps, seed {seed + job.seed}: {value:.4f} {unit}", job.steps)
         if on_result is not None:
             on_result(job, value)
         return value
 
-    if progress:
-        print(f"autoln.race_genotypes: pool {', '.join(e.name for e in entries)}"
-              + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
-              + f"; rungs at {R.rung_steps(steps, rule)} steps", file=sys.stderr, flush=True)
+    shown.bar.time_left.start = shown.done
+    shown.bar.update(shown.done)
     plan, values = R.run(entries, steps, rule, measure, values)
-    v = R.verdict(plan.finalists, values, steps, rule)
+    shown.close()
+    v = R.verdict(plan.finalists, values, steps, rule, unit)
     record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "pool": [vars(e) for e in entries], "aliases": aliases,
               "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
                                             for k, val in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))],
@@ -479,5 +498,62 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
     answer = SiteGenotype(chosen.candidates, dict(chosen.sites), dict(chosen.probabilities),
                           {**chosen.provenance, "race": record["verdict"] | {"rule": record["rule"]}})
     if progress:
-        print(f"autoln.race_genotypes: {v.line}", file=sys.stderr, flush=True)
+        print(f"{where}: {v.line}", file=sys.stderr, flush=True)
     return RaceOutcome(answer, v, plan, values, record)
+
+
+def check_race(build, train, evaluate, steps, on_result, rule, values, baselines) -> tuple[Any, Optional[list[str]]]:
+    """:func:`race_genotypes`' arguments checked: ``(rule, baselines)``, the rule defaulted.
+
+    Raises:
+        ValueError: as :func:`race_genotypes` says."""
+    import numbers
+
+    from . import race as R
+
+    where = "autoln.race_genotypes"
+    check_build(build, where)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{where}: steps: expected a positive integer, got {steps!r}")
+    for what, fn in (("train", train), ("evaluate", evaluate), ("on_result", on_result)):
+        if (fn is not None or what != "on_result") and not callable(fn):
+            raise ValueError(f"{where}: {what}: expected a function, got a {type(fn).__name__}")
+    if rule is not None and not isinstance(rule, R.RaceRule):
+        raise ValueError(f"{where}: rule: expected an autoln.race.RaceRule(eta=..., rungs=..., final_seeds=..., level=...), "
+                         f"got {type(rule).__name__}")
+    baselines = check_names(baselines, f"{where}: baselines")
+    if values is not None and (not isinstance(values, Mapping) or any(
+            not (isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], str) and isinstance(k[1], int) and isinstance(k[2], int))
+            or isinstance(v, bool) or not isinstance(v, numbers.Real) for k, v in values.items())):
+        raise ValueError(f"{where}: values: expected {{(entry name, steps, seed index): value}}, as RaceOutcome.values holds them")
+    return rule or R.RaceRule(), baselines
+
+
+def race_genotype_pool(build, searched, own, baselines, seed: int) -> tuple[str, dict[str, SiteGenotype], dict[str, SiteGenotype]]:
+    """The genotypes of :func:`race_genotypes`: ``(own's name, {name: genotype} with own first,
+    then the named placements, then the searched ones, the searched ones)``.
+
+    Raises:
+        ValueError: an unknown baseline, an ``own`` that is not a candidate nor a genotype."""
+    where = "autoln.race_genotypes"
+    torch.manual_seed(seed)
+    probe = build()
+    named = named_site_genotypes(probe)
+    cands = list(searchable_sites(probe)[0][1].placements)
+    del probe
+    unknown = [b for b in (baselines or []) if b not in named]
+    if unknown:
+        raise ValueError(f"{where}: baselines: unknown {unknown}; expected some of {list(named)}")
+    named = {k: v for k, v in named.items() if baselines is None or k in baselines}
+    if isinstance(own, str):
+        if own not in cands:
+            raise ValueError(f"{where}: own: {own!r} is not among the sites' candidates {cands}")
+        own_name, own_g = f"all-{own}", named.get(f"all-{own}") or uniform(build(), own)
+    elif isinstance(own, SiteGenotype):
+        own_name, own_g = "own", own
+    else:
+        raise ValueError(f"{where}: own: expected a candidate name or an autoln.SiteGenotype, got {type(own).__name__}")
+    pool_g = searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else \
+        {name: as_site_genotype(g, f"{where}: searched[{name!r}]") for name, g in searched.items()}
+    named.pop(own_name, None)
+    return own_name, {own_name: own_g, **named, **pool_g}, pool_g

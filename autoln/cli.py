@@ -273,6 +273,17 @@ def _refuse_torchrun(option: str) -> None:
                           + (" (use --workers N for parallel trials)" if option == "--tune" else ""))
 
 
+def _say_if_busy() -> None:
+    """On the main process, one line on stderr when the load is above the cores
+    (:func:`autoln.resources.busy_line`)."""
+    from . import distributed
+    from .resources import busy_line
+
+    line = busy_line() if distributed.is_main() else None
+    if line:
+        print(line, file=sys.stderr, flush=True)
+
+
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
     p = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
@@ -298,6 +309,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
         from . import distributed
 
         cfg = load_config(args.config, args.overrides)
+        _say_if_busy()
         if args.tune:
             _refuse_torchrun("--tune")
             return _tune(cfg, args)
@@ -365,7 +377,7 @@ def _searched(cfg, result) -> None:
     selection = result.genotype.provenance["selection"]
     if selection.get("skipped_batches"):
         _skipped_note(selection["skipped_batches"], selection["fine_tuning_updates"], "fine-tuning updates of the selection")
-    _print_sites(result.genotype, result.path.parent)
+    _print_sites(result.genotype, result.path.parent, *loss_unit(result.valid))
 
 
 def _race(cfg, out: Path, workers: int) -> None:
@@ -386,9 +398,21 @@ def _race(cfg, out: Path, workers: int) -> None:
         print("      " + tensorboard_line(out) + "   # the search's alphas, the race's retrains and its HParams table")
 
 
-def _print_sites(g, folder: Path) -> None:
+def loss_unit(valid: dict) -> tuple[float, str]:
+    """``(factor, unit)`` that put a loss in nats/token into the unit of the search's valid line:
+    bits per byte or per character (``valid``'s headline over its ``loss``: ``1 / ln 2``, and for
+    BPE over the valid split's bytes per token too, docs/design.md §8), or nats/token itself
+    beside a perplexity, which is not linear in the loss."""
+    for key, unit in (("bits_per_byte", "bits/byte"), ("bits_per_char", "bits/char")):
+        if key in valid and valid.get("loss"):
+            return valid[key] / valid["loss"], unit
+    return 1.0, "nats/token"
+
+
+def _print_sites(g, folder: Path, scale: float = 1.0, unit: str = "nats/token") -> None:
     """After a search (in ``folder``): the per-site probabilities and choice, the loss rises of perturbation-based
-    selection or the best scored genotypes, and notes on the sites whose answer is weak (no clear winner, rises overruling
+    selection or the best scored genotypes (losses in nats/token times ``scale``, printed in ``unit``: the valid
+    line's, :func:`loss_unit`), and notes on the sites whose answer is weak (no clear winner, rises overruling
     the probabilities, no candidate that helps; the first with the ``--seeds 3`` command of the same search)."""
     from .consensus import site_choices
     from .genotype import site_rows
@@ -400,17 +424,18 @@ def _print_sites(g, folder: Path) -> None:
     print(genotype_markdown(g.site_probabilities(), sites, g.candidates, [g.candidates.index(n) for n in site_choices(g)]))
     rises = g.provenance["selection"].get("loss_rises")
     if rises is not None:
-        print("loss rise (nats/token) when a candidate is removed (perturbation-based selection picks the largest):")
+        print(f"loss rise ({unit}) when a candidate is removed (perturbation-based selection picks the largest):")
         for site, row in zip(sites, site_rows(rises, g.granularity)):
-            print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v, '+.4g')}" for c, v in zip(g.candidates, row)))
+            print(f"  {site}: " + ", ".join(f"{c} {'nan' if v is None else format(v * scale, '+.4g')}"
+                                            for c, v in zip(g.candidates, row)))
     top = g.provenance["selection"].get("top")
     if top:
         print(f"genotypes scored by the supernet ({g.provenance['selection']['search']}, {g.provenance['selection']['evaluated']} "
-              "scored; loss in nats/token with the genotype imposed one-hot, the lowest wins):")
+              f"scored; loss in {unit} with the genotype imposed one-hot, the lowest wins):")
         for rank, entry in enumerate(top[:5]):
-            print(f"  {rank + 1}. {entry['placements']}: {entry['loss']:.4f}")
+            print(f"  {rank + 1}. {entry['placements']}: {entry['loss'] * scale:.4f}")
     notes = site_notes(sites, g.candidates, site_choices(g), g.site_probabilities(),
-                       site_rows(rises, g.granularity) if rises is not None else None, scored=bool(top))
+                       site_rows(rises, g.granularity) if rises is not None else None, scored=bool(top), scale=scale, unit=unit)
     for kind, line in notes:
         if kind == "undecided":
             line += f"; check the answer's agreement across seeds with: {script_line('search.py', '--seeds', '3', '--config', folder / 'config.yaml')}"
@@ -482,6 +507,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
         from .training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
+        _say_if_busy()
         if args.compare:
             _refuse_torchrun("--compare")
             return _compare(cfg, args)

@@ -292,7 +292,7 @@ class SearchConfig(TrainConfig):
       genotype (up to 4096) or by evolutionary search;
     - ``candidate_scale``: ``raw`` mixes the candidates' outputs as they are; ``common`` brings
       each to the mixture's weighted RMS, per token and detached, before the weighted sum
-      (:func:`autoln.model.common_scale_mix`; issue 44's "one scale").
+      (:func:`autoln.model.common_scale_mix`; the "one scale" variant of docs/results.md).
     """
 
     steps: int = 500

@@ -296,8 +296,8 @@ CANDIDATE_SCALES = ("raw", "common")
 
 
 def common_scale_mix(outputs: Sequence[torch.Tensor], weights: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """The mixture with every candidate's output brought to one scale first (issue 44, variant
-    "one scale"; the analogue of DARTS' affine-free BatchNorm at each operation's output,
+    """The mixture with every candidate's output brought to one scale first (the variant
+    "one scale" of docs/results.md; the analogue of DARTS' affine-free BatchNorm at each operation's output,
     quark0/darts ``cnn/model_search.py``): per token, ``y_k`` is multiplied by ``s_k = r / r_k``,
     ``r_k`` its RMS over ``d_model`` and ``r = sum_k w_k r_k / sum_k w_k`` the mixture's weighted
     RMS, both detached, so the scale sets the regime and not the gradient; the result is
@@ -324,7 +324,7 @@ def common_scale_mix(outputs: Sequence[torch.Tensor], weights: torch.Tensor, eps
 @torch.no_grad()
 def output_scales(names: Sequence[str], outputs: Sequence[torch.Tensor], weights: torch.Tensor) -> dict:
     """Each candidate's output RMS (over every element of its ``(B, T, d_model)`` output) and its
-    share of the mixture, ``|w_k| rms_k / sum_j |w_j| rms_j`` (issue 44: at nanoGPT's start the
+    share of the mixture, ``|w_k| rms_k / sum_j |w_j| rms_j`` (at nanoGPT's start the
     normed candidates' outputs, RMS 1, outweigh Pre-LN's stream, RMS 0.03, 35 to 1).
     Returns ``{"rms": {name: float}, "share": {name: float}}``."""
     rms = [float(y.float().pow(2).mean().sqrt()) for y in outputs]

@@ -415,8 +415,8 @@ STREAMS = ("unnormalised", "normalised")
 
 
 def stream_groups(names: Sequence[str]) -> dict[str, list[str]]:
-    """Candidate ``names`` split by the kind of residual stream they leave (issue 44's "split by
-    stream"; SiameseNorm, 2026: one stream cannot carry both kinds): ``"unnormalised"`` (the
+    """Candidate ``names`` split by the kind of residual stream they leave (the "split by
+    stream" variant of docs/results.md; SiameseNorm, 2026: one stream cannot carry both kinds): ``"unnormalised"`` (the
     stream plus a branch: ``pre``, ``peri``, ``outnorm``, ``lns``, ``none``) and ``"normalised"``
     (a norm's output: ``post``, ``deepnorm``; :attr:`Placement.normalises_stream`), each in the
     order of ``names``; a group with no member is left out. A ``:fixed`` name goes with its base.

@@ -278,6 +278,37 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
     return Plan([], history, done=True, finalists=finalists, seeds=rule.final_seeds)
 
 
+def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int:
+    """The most retrain steps :func:`plan` can run over ``entries``: every short rung, every
+    named placement and the searched survivor at ``full_steps``, and each final seed of at most
+    three finalists (the best named one, the model's own, the searched one; with no searched
+    entry the two best named ones), no final cut short by :func:`hopeless`. E.g. 5 searched and
+    5 named entries at ``(1000, eta 3, 3 rungs)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 3 *
+    1000 = 13221``. The bound behind a race's time-left estimate (:class:`autoln.training.TimeLeft`).
+
+    Raises:
+        ValueError: as :func:`rung_steps`."""
+    steps = rung_steps(full_steps, rule)
+    if len(entries) <= 3 or len(steps) == 1:
+        return len(entries) * full_steps * rule.final_seeds
+    alive, named = sum(not e.named for e in entries), sum(e.named for e in entries)
+    total, short = 0, steps[:-1]
+    for k, s in enumerate(short):
+        if alive <= 1:
+            break
+        total += alive * s
+        alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
+    searched = min(alive, 1)
+    finalists = searched + min(named, 2)
+    return total + (named + searched) * full_steps + finalists * (rule.final_seeds - 1) * full_steps
+
+
+def steps_done(values: Values) -> int:
+    """The retrain steps behind ``values`` (``(entry, steps, seed)`` -> value): the race's work
+    so far, in the units of :func:`most_steps`."""
+    return sum(k[1] for k in values)
+
+
 @dataclass
 class Verdict:
     """The race's answer: ``answer`` (the entry), ``line`` (what the user reads), ``searched``

@@ -1,4 +1,4 @@
-"""Memory: a lower-bound estimate checked before a run builds its model, and allocation failures
+"""Memory and the machine: a lower-bound estimate checked before a run builds its model, and allocation failures
 during a run turned into one line.
 
 The estimate counts what a training step cannot do without, in fp32 (4 bytes):
@@ -184,6 +184,32 @@ def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def busy_line(threads: Optional[int] = None, load: Optional[float] = None, cores: Optional[int] = None) -> Optional[str]:
+    """One line when the machine is busier than its cores and this run has several PyTorch
+    threads, else None: the 1-minute load average (``os.getloadavg``; runnable processes,
+    averaged) above the cores this process may run on (``os.sched_getaffinity``, else
+    ``os.cpu_count``), and ``threads`` (default ``torch.get_num_threads()``) above 1. Then the
+    threads wait on each other for the cores others hold, and a run can take several times the
+    README's times for idle cores (the default search: 51 minutes with two threads among three
+    other jobs, 13-21 with one): the line says to give each run one thread. With one thread
+    there is nothing to advise and nothing is said. ``load`` and ``cores`` are measured when
+    None (tests pass their own); a platform without a load average gives None."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads <= 1:
+        return None
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):  # no load average on this platform
+            return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load <= cores:
+        return None
+    return (f"note: the machine is busy (load {load:.1f} on {cores} cores): with {threads} threads this run's threads wait on "
+            "each other and it may take several times as long; give each run one thread (OMP_NUM_THREADS=1 before the command)")
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

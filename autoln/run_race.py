@@ -48,7 +48,8 @@ from .errors import ConfigError, OutputError
 from .genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
 from .io import read_json, save_figure_atomic, write_json_atomic
 from .locks import FolderLock
-from .race import Entry, Job, Plan, RaceRule, Verdict, make_pool, plan, rung_steps, verdict
+from .race import Entry, Job, Plan, RaceRule, Verdict, make_pool, most_steps, plan, rung_steps, steps_done, verdict
+from .training import TimeLeft
 from .tune import open_storage, write_hparams
 
 RACE_DIR = "race"
@@ -254,6 +255,8 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
         torch.set_num_threads(threads)
     study = open_race_study(setup)
     names = [e.name for e in setup.entries]
+    most = most_steps(setup.entries, setup.full_steps, setup.rule)
+    eta = TimeLeft(steps_done(measured(study)[0]), most)  # every worker's retrain steps, at this worker's view of the rate
 
     def objective(trial) -> float:
         if stands_down(study, trial):
@@ -265,9 +268,10 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
         for k, v in info.items():
             trial.set_user_attr(k, v)
         unit = UNITS.get(setup.headline, setup.headline)
+        done = steps_done(measured(study)[0]) + job.steps  # this trial's value is stored when it returns
         print(f"[race] {job.entry} at {job.steps} steps, seed {job.seed}: "
-              + ("diverged" if info.get("diverged") else f"{value:.4f} {unit}") + f" ({info['wall_time_s']:.0f} s)",
-              file=sys.stderr, flush=True)
+              + ("diverged" if info.get("diverged") else f"{value:.4f} {unit}") + f" ({info['wall_time_s']:.0f} s; "
+              f"{done}/{most} steps at most, {eta.text(done, bound=True)})", file=sys.stderr, flush=True)
         return value  # inf for a diverged retrain: a measurement, ranked last
 
     while True:

@@ -397,7 +397,8 @@ def show_progress(cfg: Config, corpus, bar, state: dict, loss_v: float, step: in
     windows = state["valid_metrics"].get("windows", eval_windows) if state["valid_metrics"] else eval_windows
     bar.set_postfix_str(f"train {train_shown}, valid {shown} ({windows} windows)")
     if evaluation:
-        progress_line(True, f"retrain step {step}/{cfg.retrain.steps}: train {train_shown}, valid {shown} ({windows} windows)")
+        progress_line(True, f"retrain step {step}/{cfg.retrain.steps}: train {train_shown}, valid {shown} ({windows} windows)",
+                      bar, step)
 
 
 def finish_retrain(cfg: Config, corpus, genotype: Genotype, genotype_spec: str, out: Path, run: RetrainRun,

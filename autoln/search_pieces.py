@@ -141,7 +141,7 @@ class Monitor(Callback):
 
     def on_evaluate(self, loop: SearchLoop, step: int) -> None:
         record = self.monitor.update(loop.model, self.batch, step)
-        if self.batch is not None:  # each candidate's output scale and share of the mixture (issue 44)
+        if self.batch is not None:  # each candidate's output scale and share of the mixture (docs/design.md)
             from .model import candidate_scales
 
             record["scales"] = candidate_scales(loop.model, self.batch[0], lambda x: loop.model(x))
@@ -229,7 +229,8 @@ class TensorBoard(Callback):
         chosen = None if read_off.method == "argmax" else read_off.choices
         if self.pictures:  # pictures a user can open without TensorBoard: the alphas' curves and the heat map
             history = [*loop.state.get("alpha_history", []), [step, read_off.probabilities.tolist()]]
-            write_alpha_pictures(self.out, history, model.site_names, model.candidates, chosen, log, step)
+            write_alpha_pictures(self.out, history, model.site_names, model.candidates, chosen, log, step,
+                                 loop.state["stopped_at"] or loop.sc.steps)
         log.text("genotype", f"final ({loop.sc.selection}): "
                  f"`{self.describe(read_off.choices)}`\n\n"
                  + genotype_markdown(read_off.probabilities, model.site_names, model.candidates, chosen), step)
@@ -275,7 +276,8 @@ class Progress(Callback):
         text = self.describe(loop, self.stats)
         self.bar.set_postfix_str(text)
         if evaluation:
-            progress_line(self.show, f"search step {step}/{loop.sc.steps}: {text}")
+            progress_line(self.show, f"search step {step}/{loop.sc.steps}: {text} ({self.bar.time_left.text(step)} for the steps, "
+                                     "then the read-off)")
 
     def on_selection_start(self, loop: SearchLoop, total: Optional[int], desc: str, unit: str) -> None:
         self.close_bar()

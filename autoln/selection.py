@@ -207,7 +207,8 @@ TIE_RISE = 1e-3
 
 
 def site_notes(sites: Sequence[str], candidates: Sequence[str], chosen: Sequence[str], probs: np.ndarray,
-               rises: Optional[Sequence[Sequence[Optional[float]]]] = None, scored: bool = False) -> list[tuple[str, str]]:
+               rises: Optional[Sequence[Sequence[Optional[float]]]] = None, scored: bool = False,
+               scale: float = 1.0, unit: str = "nats/token") -> list[tuple[str, str]]:
     """The notes on a read-off's weak answers, as ``(kind, line)``, the same for ``search.py``
     and ``autoln.search``:
 
@@ -221,7 +222,8 @@ def site_notes(sites: Sequence[str], candidates: Sequence[str], chosen: Sequence
       runner-up by less than 0.15).
 
     Args: ``sites`` names; ``candidates`` ``(K,)``; ``chosen`` the placement per site; ``probs``
-    ``(n_sites, K)``; ``rises`` per site ``K`` loss rises (nats/token, None for NaN) or None.
+    ``(n_sites, K)``; ``rises`` per site ``K`` loss rises (nats/token, None for NaN) or None;
+    the lines give rises times ``scale`` in ``unit`` (:func:`autoln.cli.loss_unit`: the valid line's).
     """
     notes: list[tuple[str, str]] = []
     if rises is not None:
@@ -232,13 +234,13 @@ def site_notes(sites: Sequence[str], candidates: Sequence[str], chosen: Sequence
                 idle.append(site)
                 continue
             top = vals.get(name, max(vals.values()))
-            close = [f"{c} {v:+.4g}" for c, v in vals.items() if c != name and top - v < TIE_RISE]
+            close = [f"{c} {v * scale:+.4g}" for c, v in vals.items() if c != name and top - v < TIE_RISE]
             if close:
-                tied.append(f"{site} ({name} {top:+.4g} against {', '.join(close)})")
+                tied.append(f"{site} ({name} {top * scale:+.4g} against {', '.join(close)})")
         if idle:
             notes.append(("idle", f"at {', '.join(idle)} removing any candidate does not raise the loss: the choice there is arbitrary"))
         if tied:
-            notes.append(("tie", f"loss rises within {TIE_RISE:g} nats/token of the chosen one's at {', '.join(tied)}: "
+            notes.append(("tie", f"loss rises within {TIE_RISE * scale:.2g} {unit} of the chosen one's at {', '.join(tied)}: "
                                  "a tie on the selection batches, broken by the largest rise"))
     probs = np.asarray(probs, dtype=np.float64)
     overruled = [f"{site} ({name} over {candidates[int(row.argmax())]} {row.max():.3f})" for site, name, row in zip(sites, chosen, probs)

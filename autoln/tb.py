@@ -223,11 +223,18 @@ def alpha_figure(probs: np.ndarray, sites: Sequence[str], candidates: Sequence[s
     return fig
 
 
-def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Sequence[str], chosen: Sequence[int]):
+def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Sequence[str], chosen: Sequence[int],
+                        search_steps: Optional[int] = None):
     """The mixing probabilities over the search, one panel per site and one coloured line per
     candidate (the same colour for a candidate in every panel, one legend), the chosen
     placement's line drawn thick and named in the panel's title. ``history``: ``(step,
-    probabilities (n_sites, K))`` pairs in step order; ``chosen``: per site a candidate index."""
+    probabilities (n_sites, K))`` pairs in step order; ``chosen``: per site a candidate index.
+
+    A site whose choice is not its largest final probability (the read-off's loss rises or
+    scores overruled it, DARTS-PT's point that an alpha's size is not its operation's strength)
+    says so in a red title, ``overruled: <largest> <p>``, in a red frame. With ``search_steps``
+    and steps past it, a dashed line in every panel marks where the search's steps end and the
+    read-off's fine-tuning begins."""
     import math as _math
 
     import matplotlib
@@ -240,11 +247,22 @@ def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Seq
     cols = min(4, len(sites))
     rows = _math.ceil(len(sites) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 1.9 * rows + 0.6), squeeze=False, sharex=True, sharey=True)
+    boundary = search_steps is not None and steps and steps[-1] > search_steps
     for i, site in enumerate(sites):
         ax = axes.flat[i]
         for k, cand in enumerate(candidates):
             ax.plot(steps, probs[:, i, k], color=f"C{k}", lw=2.6 if chosen[i] == k else 1.1, label=cand)
-        ax.set_title(f"{site}: {candidates[chosen[i]]}", fontsize=8)
+        top = int(probs[-1, i].argmax())
+        if top != chosen[i]:
+            ax.set_title(f"{site}: {candidates[chosen[i]]} (overruled: {candidates[top]} {probs[-1, i, top]:.2f})",
+                         fontsize=8, color="red")
+            for spine in ax.spines.values():
+                spine.set_edgecolor("red")
+                spine.set_linewidth(1.5)
+        else:
+            ax.set_title(f"{site}: {candidates[chosen[i]]}", fontsize=8)
+        if boundary:
+            ax.axvline(search_steps, color="0.3", ls="--", lw=0.9)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(sites):]:
@@ -253,8 +271,10 @@ def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Seq
 
     handles = [Line2D([], [], color=f"C{k}", lw=1.5) for k in range(len(candidates))]
     fig.legend(handles, list(candidates), loc="upper center", ncol=len(candidates), fontsize=8, frameon=False,
-               title="mixing probability per site; thick line: the chosen placement", title_fontsize=8)
-    fig.supxlabel("step (past search.steps: the selection's fine-tuning)", fontsize=8)
+               title="mixing probability per site; thick line: the chosen placement; red: the read-off overruled the "
+                     "largest probability", title_fontsize=8)
+    fig.supxlabel(f"step (the search's {search_steps} steps, then, past the dashed line, the read-off's fine-tuning)"
+                  if boundary else "step", fontsize=8)
     for row in range(rows):
         axes[row][0].set_ylabel("probability", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / (1.9 * rows + 0.6)))
@@ -262,8 +282,9 @@ def alpha_curves_figure(history: Sequence, sites: Sequence[str], candidates: Seq
 
 
 def write_alpha_pictures(out: Path, history: Sequence, sites: Sequence[str], candidates: Sequence[str],
-                         chosen: Optional[Sequence[int]], log: "Logger", step: int) -> list[Path]:
-    """Write ``alphas.png`` (:func:`alpha_curves_figure`) and ``alphas_heatmap.png`` (the final
+                         chosen: Optional[Sequence[int]], log: "Logger", step: int,
+                         search_steps: Optional[int] = None) -> list[Path]:
+    """Write ``alphas.png`` (:func:`alpha_curves_figure`, the search's end at ``search_steps``) and ``alphas_heatmap.png`` (the final
     probabilities, :func:`alpha_figure`, chosen cells boxed) into the search folder ``out``,
     atomically, and the curves to TensorBoard's Images tab (``alpha_curves`` at ``step``).
     ``chosen`` None: the argmax of the last probabilities. Returns the two paths."""
@@ -273,7 +294,7 @@ def write_alpha_pictures(out: Path, history: Sequence, sites: Sequence[str], can
 
     final = np.asarray(history[-1][1], dtype=np.float64)
     chosen = [int(k) for k in (final.argmax(-1) if chosen is None else chosen)]
-    curves = alpha_curves_figure(history, sites, candidates, chosen)
+    curves = alpha_curves_figure(history, sites, candidates, chosen, search_steps)
     heat = alpha_figure(final, sites, candidates, title=f"step {step}", chosen=chosen)
     paths = [save_figure_atomic(curves, Path(out) / "alphas.png"), save_figure_atomic(heat, Path(out) / "alphas_heatmap.png")]
     log.figure("alpha_curves", curves, step)

@@ -13,8 +13,9 @@ import platform
 import shutil
 import random
 import sys
+import time
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -162,17 +163,55 @@ def on_terminal() -> bool:
         return False
 
 
+class TimeLeft:
+    """The estimated time left of a run, at the rate measured since this was made: the ETA a
+    tqdm bar shows on a terminal, for the one line per evaluation of a redirected log.
+
+    Args:
+        done: units of work already done when the run (re)starts (steps, runs, retrain steps).
+        total: the units of the whole run (``None``: given per call).
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(self, done: float = 0, total: Optional[float] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.start, self.total, self.clock = done, total, clock
+        self.t0 = clock()
+
+    def seconds(self, done: float, total: Optional[float] = None) -> Optional[float]:
+        """Seconds left when ``done`` of ``total`` (default the run's) units are done: the units
+        still to do at the rate so far; ``None`` before the first unit or without a total."""
+        total = self.total if total is None else total
+        spent, n = self.clock() - self.t0, done - self.start
+        if total is None or n <= 0 or spent <= 0:
+            return None
+        return max(0.0, (total - done) * spent / n)
+
+    def text(self, done: float, total: Optional[float] = None, bound: bool = False) -> str:
+        """E.g. ``about 3:12 left`` (tqdm's ``[H:]MM:SS``); ``at most about ...`` when ``total``
+        is a bound (a race's most steps); ``time left: after the first`` before any unit."""
+        left = self.seconds(done, total)
+        if left is None:
+            return "time left: after the first"
+        return f"{'at most ' if bound else ''}about {tqdm.format_interval(left)} left"
+
+
 def progress_bar(iterable=None, *, show: bool, **kwargs) -> tqdm:
     """A tqdm bar (``kwargs`` as tqdm's) drawn when ``show`` (``logging.progress`` on the main
     process) and stderr is a terminal; off a terminal it is disabled, and :func:`progress_line`
-    writes one line per evaluation instead."""
-    return tqdm(iterable, disable=not (show and on_terminal()), dynamic_ncols=True, **kwargs)
+    writes one line per evaluation instead, with the bar's ``time_left`` (a :class:`TimeLeft`
+    from its ``initial`` and ``total``)."""
+    bar = tqdm(iterable, disable=not (show and on_terminal()), dynamic_ncols=True, **kwargs)
+    bar.time_left = TimeLeft(kwargs.get("initial") or 0, kwargs.get("total"))
+    return bar
 
 
-def progress_line(show: bool, text: str) -> None:
+def progress_line(show: bool, text: str, bar: Optional[tqdm] = None, done: Optional[float] = None) -> None:
     """With ``show`` and stderr not a terminal (a redirected log), write ``text`` as one line to
-    stderr: the progress a bar would have shown, once per evaluation."""
+    stderr: the progress a bar would have shown, once per evaluation; with ``bar`` (from
+    :func:`progress_bar`) and ``done`` (its units done), followed by the estimated time left."""
     if show and not on_terminal():
+        if bar is not None and done is not None:
+            text += f" ({bar.time_left.text(done)})"
         print(text, file=sys.stderr, flush=True)
 
 

@@ -97,10 +97,12 @@ def test_compare_with_the_default_loop_equals_autoln_s_steps_by_hand(gpt):
 def test_ties_follow_the_rule_of_retrain_compare():
     a, b = CompareRow("searched", "pre pre", [2.30, 2.32, 2.34]), CompareRow("all-pre", "pre pre", [2.31, 2.33, 2.35])
     assert is_tie(a.values, b.values) and verdict(a, b) == \
-        "searched ties all-pre: 2.3200 against 2.3300, gap -0.0100 (within one std)"
+        "searched ties all-pre: 2.3200 against 2.3300 nats/token, gap -0.0100 (within one std)"
     c = CompareRow("searched", "post post", [2.44, 2.45, 2.46])
-    assert verdict(c, b) == "searched loses to all-pre: 2.4500 against 2.3300, gap +0.1200"
+    assert verdict(c, b) == "searched loses to all-pre: 2.4500 against 2.3300 nats/token, gap +0.1200"
+    assert verdict(c, b, "nats/char").endswith("2.3300 nats/char, gap +0.1200")
     table = Comparison([b, c], [0, 1, 2]).table()
+    assert table.startswith("| model | placements | mean ± std (nats/token) |")
     assert "| all-pre | pre pre | 2.3300 ± 0.0200 | 2.3100 / 2.3300 / 2.3500 | best |" in table
     assert "| searched | post post | 2.4500 ± 0.0100 | 2.4400 / 2.4500 / 2.4600 | +0.1200 |" in table
     tied = Comparison([a, b], [0, 1, 2]).table()
@@ -132,3 +134,21 @@ def test_a_diverged_run_is_left_out_not_a_crash():
     table = Comparison([row, dead], [0, 1, 2]).table()
     assert "| all-post | post | 2.5000 ± 0.1414 | 2.4000 / nan / 2.6000 | best |" in table and "| all-none | none | - |" in table
     assert "loses to" in verdict(dead, row)
+
+
+def test_a_redirected_log_gets_a_line_per_run_with_its_unit_and_the_time_left(gpt, capsys):
+    """Off a terminal (here pytest's capture) ``compare_genotypes`` writes one line per finished
+    run: the value in ``unit``, the runs done out of all, and the estimated time left; the
+    report's table names the unit."""
+    import re
+
+    build = lambda: gpt.GPT(gpt.GPTConfig(**SIZE, norm_candidates=CANDIDATES))  # noqa: E731
+    valid = _data(2, 7)
+    autoln.compare_genotypes(build, _genotype(gpt), baselines=("pre",), seeds=[0, 1], train=my_train,
+                             evaluate=lambda m: float(evaluate_batches(m, valid, torch.device("cpu"))), unit="nats/char")
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("autoln.compare_genotypes: ")]
+    want = r"autoln\.compare_genotypes: (searched|all-pre) seed [01]: \d\.\d{4} nats/char \((\d)/4 runs, about \d\d:\d\d left\)"
+    found = [re.fullmatch(want, ln) for ln in lines]
+    assert all(found) and [int(m.group(2)) for m in found] == [1, 2, 3, 4], lines
+    assert "| model | placements | mean ± std (nats/char) |" in captured.out

@@ -4,6 +4,7 @@ TensorBoard tags read back, and clear errors on bad input."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -63,7 +64,13 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert g.provenance["data"]["corpus"] == "stdlib" and len(g.provenance["data"]["fingerprint_sha256"]) == 64
     assert g.provenance["config"]["search"]["steps"] == 100
     assert "python retrain.py --genotype" in proc.stdout
-    assert "| site | pre | post | deepnorm | chosen |" in proc.stdout and "loss rise (nats/token)" in proc.stdout
+    assert "| site | pre | post | deepnorm | chosen |" in proc.stdout
+    # the loss rises in the valid line's unit: bits per byte, the nats/token of the record over ln 2
+    assert "loss rise (bits/byte)" in proc.stdout and "nats/token" not in proc.stdout.split("loss rise")[1].split("\nnext")[0]
+    rises = Genotype.load(out / "supernet_genotype.json").provenance["selection"]["loss_rises"]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("  block0: "))
+    shown = [float(part.split()[1]) for part in line.split(": ", 1)[1].split(", ")]
+    assert shown == pytest.approx([v / math.log(2) for v in rises[0]], rel=1e-3)
     assert (out / "config.yaml").exists() and (out / "checkpoint.pt").exists()
     acc = event_tags(out)
     scalars = set(acc.Tags()["scalars"])
@@ -78,6 +85,12 @@ def test_search_writes_valid_genotype_and_tensorboard(searched):
     assert probs == pytest.approx([p for row in supernet.probabilities for p in row], abs=1e-6)
     race = json.loads((out / "race" / "race.json").read_text())
     assert g.provenance["race"]["answer"] == race["verdict"]["answer"] and race["verdict"]["line"] in proc.stdout
+    # a line per retrain of the race, with its steps done out of the race's most and the time left at most
+    import re
+
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[race] ") and " steps, seed " in ln]
+    assert len(lines) == len(race["jobs"]) and all(re.search(r"; \d+/\d+ steps at most, at most about \d\d:\d\d left\)$", ln)
+                                                  for ln in lines), lines
     g = supernet  # the rest is about the search's own record
     # the probabilities from step 0 every logging.log_every (5) steps, and one chart per site
     # with every candidate in the Custom Scalars layout
@@ -264,10 +277,15 @@ def test_a_redirected_log_gets_a_line_per_evaluation_not_bar_redraws(tmp_path, c
     lines = [line for line in err.splitlines() if line.startswith("search step")]
     assert "\r" not in err and [line.split(":")[0] for line in lines] == ["search step 10/20", "search step 20/20"]
     assert all("bits/byte" in line and "nats" not in line for line in lines)
+    # each line carries the estimated time left, as the bar's ETA does on a terminal
+    import re
+
+    assert all(re.search(r"\(about \d\d:\d\d left for the steps, then the read-off\)$", line) for line in lines), lines
     assert cli.retrain_main([*common, "--genotype", "all-pre", "--set", "retrain.steps=20", "--set", "retrain.eval_every=10",
                              "--set", "retrain.final_eval_windows=4", "--out", str(tmp_path / "r")]) == 0
     err = capsys.readouterr().err
-    assert "\r" not in err and sum(line.startswith("retrain step") for line in err.splitlines()) == 2
+    lines = [line for line in err.splitlines() if line.startswith("retrain step")]
+    assert "\r" not in err and len(lines) == 2 and all(re.search(r"\(about \d\d:\d\d left\)$", line) for line in lines), lines
 
 
 def _strict(path: Path):
@@ -329,3 +347,53 @@ def test_a_misspelt_baseline_names_the_nearest(tmp_path):
         resolve_genotype("all-pree", cfg, 256)
     with pytest.raises(GenotypeError, match=r"'mix-lm'.*did you mean 'mix-ln'\?"):
         resolve_genotype("mix-lm", cfg, 256)
+
+
+def test_a_busy_machine_is_said_once_before_the_run(tmp_path, monkeypatch, capsys):
+    """The load above the cores and several threads: one line, before any work, naming the load,
+    the cores, the threads and the one-thread advice; one thread, or an idle machine: nothing."""
+    import torch
+
+    from autoln.resources import busy_line
+
+    assert busy_line(threads=2, load=5.25, cores=2) == (
+        "note: the machine is busy (load 5.2 on 2 cores): with 2 threads this run's threads wait on each other and it may "
+        "take several times as long; give each run one thread (OMP_NUM_THREADS=1 before the command)")
+    assert busy_line(threads=1, load=5.0, cores=2) is None  # one thread: nothing to advise
+    assert busy_line(threads=2, load=2.0, cores=2) is None  # at the cores, not above
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 3.0, 0.0, 0.0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    code = cli.retrain_main(["--config", TINY, "--genotype", "all-pree", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("note: the machine is busy") == 1 and f"on {cores} cores" in err and "OMP_NUM_THREADS=1" in err
+    assert err.index("the machine is busy") < err.index("all-pree")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.0, 0.0))
+    assert cli.retrain_main(["--config", TINY, "--genotype", "all-pree", "--out", str(tmp_path / "r2")]) == 2
+    assert "busy" not in capsys.readouterr().err
+
+
+def test_alphas_png_marks_an_overruled_site_and_the_end_of_the_search():
+    """The tiny config's case: ``block1`` ends at ``0.232 | 0.741 | 0.027`` and the loss rises
+    choose ``pre``: its panel says so in red, in a red frame; ``block0`` chose its largest and
+    stays plain; a dashed line at step 500 marks where the search ends and the read-off's
+    fine-tuning (to 600) begins."""
+    import matplotlib.pyplot as plt
+
+    from autoln.tb import alpha_curves_figure
+
+    cands = ["pre", "post", "deepnorm"]
+    history = [(s, [[0.6, 0.3, 0.1], [0.232, 0.741, 0.027]]) for s in (0, 250, 500, 600)]
+    fig = alpha_curves_figure(history, ["block0", "block1"], cands, chosen=[0, 0], search_steps=500)
+    plain, overruled = fig.axes[0], fig.axes[1]
+    assert plain.get_title() == "block0: pre" and plain.title.get_color() != "red"
+    assert overruled.get_title() == "block1: pre (overruled: post 0.74)" and overruled.title.get_color() == "red"
+    assert overruled.spines["left"].get_edgecolor()[:3] == (1.0, 0.0, 0.0)
+    for ax in (plain, overruled):
+        assert [list(ln.get_xdata()) for ln in ax.lines if ln.get_linestyle() == "--"] == [[500, 500]]
+    assert "the search's 500 steps, then, past the dashed line, the read-off's fine-tuning" in fig._supxlabel.get_text()
+    plt.close(fig)
+    fig = alpha_curves_figure(history[:3], ["block0", "block1"], cands, chosen=[0, 1], search_steps=500)  # argmax: no fine-tuning
+    assert all(ln.get_linestyle() != "--" for ax in fig.axes[:2] for ln in ax.lines)
+    assert fig.axes[1].get_title() == "block1: post" and fig._supxlabel.get_text() == "step"
+    plt.close(fig)

@@ -84,3 +84,41 @@ def test_the_configuration_reference_is_current_and_complete():
     assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == text, \
         "docs/configuration.md is stale: run python -m autoln.config_reference --write docs/configuration.md"
     assert "| `search.steps` | `500` |" in text and "| `retrain.steps` | `1000` |" in text and "| `model.residual_init` | `scaled` |" in text
+
+
+def plain_signature(name: str) -> str:
+    """``autoln.<name>(...)`` as the README writes it: the parameters of ``inspect.signature``
+    without annotations, ``*`` before the keyword-only ones, defaults by ``repr``."""
+    import inspect
+
+    import autoln
+
+    parts, star = [], False
+    for p in inspect.signature(getattr(autoln, name)).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    return f"autoln.{name}({', '.join(parts)})"
+
+
+def test_every_documented_signature_is_the_code_s():
+    """Each README bullet that opens with a call's signature (```- `autoln.f(...)` ```) gives the
+    function's whole signature, as ``inspect.signature`` has it; the API's entry points are all
+    documented so."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    documented = dict(re.findall(r"^- `(autoln\.(\w+)\(.*?\))`", text, re.M))
+    documented = {name: sig for sig, name in documented.items()}
+    assert {"search", "derive", "compare_genotypes", "race_genotypes", "load_derived"} <= set(documented)
+    for name, sig in documented.items():
+        assert sig == plain_signature(name), f"README: {sig}\n  code: {plain_signature(name)}"
+
+
+def test_no_user_facing_file_speaks_of_issues_or_of_today():
+    """The README, docs, configs and examples speak to a user: no issue numbers, no "today's"."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "configs").glob("*.yaml")),
+             *sorted((ROOT / "examples").glob("*.py"))]
+    found = [f"{f.relative_to(ROOT)}:{i + 1}: {line.strip()[:80]}" for f in files
+             for i, line in enumerate(f.read_text(encoding="utf-8").splitlines())
+             if re.search(r"\bissues? \d+|\btoday\b|\btoday's\b", line, re.I)]
+    assert not found, "\n".join(found)

@@ -74,3 +74,16 @@ def test_the_search_s_supernet_valid_carries_its_error(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("search step ")]
     assert lines and all(re.search(r"supernet valid \d+\.\d{3} ± \d+\.\d{3} bits/byte", ln) for ln in lines)
     assert len(scalars(tmp_path / "s", "valid/bits_per_byte_stderr")) == 2
+
+
+def test_time_left_is_the_work_left_at_the_rate_so_far():
+    """:class:`autoln.training.TimeLeft`: a run resumed at step 100 of 500 that reaches step 200
+    after 10 s has 300 steps left at 10 steps/s: 30 s, in tqdm's format; a bound says so."""
+    from autoln.training import TimeLeft
+
+    now = [50.0]
+    eta = TimeLeft(100, 500, clock=lambda: now[0])
+    assert eta.seconds(100) is None and eta.text(100) == "time left: after the first"
+    now[0] = 60.0
+    assert eta.seconds(200) == pytest.approx(30.0) and eta.text(200) == "about 00:30 left"
+    assert eta.text(200, total=4100, bound=True) == "at most about 06:30 left"

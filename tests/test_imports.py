@@ -143,3 +143,19 @@ def test_dir_lists_the_lazily_imported_public_names():
     names = dir(autoln)
     assert set(autoln.__all__) <= set(names)
     assert {"__version__", "__getattr__"} <= set(names) and names == sorted(names)
+
+
+def test_every_function_of_the_package_fits_on_a_hundred_lines():
+    """Small functions with one job each: none of autoln's functions (the search and retrain
+    path, the API's ``search``, ``compare_genotypes`` and ``race_genotypes`` among them) runs over
+    100 lines, docstring included."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "autoln").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - first + 1 > 100:
+                    long.append(f"{path.name}:{node.name} ({node.end_lineno - first + 1} lines)")
+    assert not long, long

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .conftest import ROOT
 
 NANOGPT = ROOT / "examples" / "nanogpt" / "model.py"
 EXAMPLE = ROOT / "examples" / "gpt.py"
+DIFF = ROOT / "examples" / "nanogpt" / "autoln.diff"
 
 
 def readme_diff() -> str:
@@ -83,7 +85,7 @@ def load(path: Path, name: str):
 def patched(tmp_path_factory):
     """The README's diff applied to nanoGPT's model.py, written to a folder and imported."""
     path = tmp_path_factory.mktemp("patched") / "model.py"
-    path.write_text(apply_unified_diff(NANOGPT.read_text(encoding="utf-8"), readme_diff()), encoding="utf-8")
+    path.write_text(apply_unified_diff(NANOGPT.read_text(encoding="utf-8"), DIFF.read_text(encoding="utf-8")), encoding="utf-8")
     return load(path, "patched_nanogpt")
 
 
@@ -96,8 +98,25 @@ SIZE = dict(block_size=16, vocab_size=48, n_layer=3, n_head=2, n_embd=32)
 
 
 def test_the_readme_diff_applied_to_nanogpt_is_the_example_line_for_line():
-    assert apply_unified_diff(NANOGPT.read_text(encoding="utf-8"), readme_diff()) == EXAMPLE.read_text(encoding="utf-8")
+    """The README shows the shipped ``examples/nanogpt/autoln.diff`` as it is, and that file applied
+    to nanoGPT's model.py is ``examples/gpt.py``."""
+    assert readme_diff() == DIFF.read_text(encoding="utf-8")
+    assert apply_unified_diff(NANOGPT.read_text(encoding="utf-8"), DIFF.read_text(encoding="utf-8")) == EXAMPLE.read_text(encoding="utf-8")
     assert "Copyright (c) 2022 Andrej Karpathy" in (NANOGPT.parent / "LICENSE").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="no patch program on this machine (GNU patch applies the diff as the README says)")
+def test_the_readme_s_patch_command_applies_the_shipped_diff(tmp_path):
+    """``patch model.py < examples/nanogpt/autoln.diff``, as the README says, on a copy of nanoGPT's file."""
+    import subprocess
+
+    target = tmp_path / "model.py"
+    shutil.copy(NANOGPT, target)
+    with open(DIFF, "rb") as diff:
+        proc = subprocess.run(["patch", "model.py"], stdin=diff, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert target.read_text(encoding="utf-8") == EXAMPLE.read_text(encoding="utf-8")
+    assert "patch model.py < examples/nanogpt/autoln.diff" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_a_broken_diff_is_refused_by_the_applier():

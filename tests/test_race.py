@@ -279,7 +279,7 @@ def test_race_settings_are_checked_by_name(tmp_path):
 # --- the API's race on a user's model ----------------------------------------------------------------
 
 
-def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
+def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final(capsys):
     import torch
 
     sys.path.insert(0, str(ROOT / "examples"))
@@ -306,7 +306,15 @@ def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final():
         return sum(score[p] for p in placements) / len(placements) + 0.01 * torch.rand(()).item()
 
     outcome = autoln.race_genotypes(build, searched, train=lambda m, s, n: seen.append((s, n)), evaluate=evaluate, steps=90,
-                                    progress=False)
+                                    unit="nats/char")
+    # stderr is no terminal here, as in a redirected log: a line per retrain, its value in the unit given, the steps done
+    # out of the race's most (6 at 90 steps, then 2 finalists x 2 more seeds: 1080) and the time left at most
+    import re
+
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if " steps, seed " in ln and "answer:" not in ln]
+    found = [re.fullmatch(r"autoln\.race_genotypes: \S+ at 90 steps, seed 0: \d\.\d{4} nats/char \((\d+)/1080 steps at most, "
+                          r"at most about \d\d:\d\d left\)", ln) for ln in lines]
+    assert all(found) and [int(m.group(1)) for m in found] == [90 * k for k in range(1, 7)], "\n".join(lines)
     assert outcome.verdict.answer.name == "all-pre" and outcome.verdict.answer.own
     assert outcome.genotype.describe() == "pre pre pre pre" and outcome.genotype.provenance["race"]["answer"] == "all-pre"
     # 6 entries (argmax = all-post): the one searched entry (read-off) skips the short rungs; the five named run at 90 steps,
@@ -383,3 +391,22 @@ def test_a_job_two_workers_enqueued_at_once_runs_in_the_earliest_trial_only():
     assert ran == [(0, "top3"), (2, "mix-ln")] and len(study.trials) == 4
     study.enqueue_trial({"entry": "top3", "steps": 3, "seed": 0})  # a late copy of a finished job stands down too
     assert run_race.held_before(study, 4, key)
+
+
+def test_most_steps_is_the_work_of_a_race_whose_searched_finalist_leads_at_every_seed():
+    """The bound behind the race's time left: 5 searched and 5 named entries at (1000, eta 3,
+    3 rungs) take 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 steps when no final stops early,
+    and fewer when the searched finalist is behind at seed 0."""
+    from autoln.race import most_steps, steps_done
+
+    entries = [Entry(f"s{i}", f"s{i}", "searched") for i in range(5)] + [Entry("all-pre", "p", "named", True)] \
+        + [Entry(f"n{i}", f"n{i}", "named") for i in range(4)]
+    assert most_steps(entries, 1000, RaceRule()) == 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 == 13221
+    rank = {"s0": 1.0, "n1": 1.5, "all-pre": 1.7}
+    _, values = run(entries, 1000, RaceRule(), lambda job: rank.get(job.entry, 2.0))
+    assert steps_done(values) == 13221
+    rank["s0"] = 1.8  # behind both named finalists at seed 0: the final stops after its first seed
+    _, values = run(entries, 1000, RaceRule(), lambda job: rank.get(job.entry, 2.0))
+    assert steps_done(values) == 13221 - 3 * 2 * 1000
+    three = entries[:3]  # a pool of three goes to the final at once: every entry, every seed
+    assert most_steps(three, 90, RaceRule()) == 3 * 90 * 3
