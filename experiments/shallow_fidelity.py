@@ -19,6 +19,11 @@ of ``model.candidates``, one search per kind of residual stream). One row per (v
 search seed) in ``experiments/shallow_fidelity.csv``, reused on a re-run::
 
     OMP_NUM_THREADS=1 python experiments/shallow_fidelity.py --data $D --variants softmax,common,spos,fair --seeds 0,1,2
+
+The table's noise ceiling, first (``--ceiling N``, default 20, as ``own_model_truth.py``'s): the
+first ``N`` genotypes of the random sample retrained at seed 1 too (table rows, reused), and
+Kendall's tau between their seed-0 and seed-1 valid bits per byte. Two copies of the command
+side by side share those retrains (each takes the ones the other does not hold).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ground_truth import supernet_scores, trained_supernet  # noqa: E402
+from ground_truth import supernet_scores, trained_supernet, write_sample  # noqa: E402
 from own_model_fidelity import FIELDS, fidelity_row, split_row  # noqa: E402
 from race import TableRetrains  # noqa: E402
 from retrain_table import random_sample, read_table  # noqa: E402
@@ -175,6 +180,47 @@ def row_of(variant: str, seed: int, args, cfg, folder: Path, scores: dict, value
     return fidelity_row(variant, seed, *figures)
 
 
+def noise_ceiling(n: int, args) -> tuple[float | None, int]:
+    """Kendall's tau between seeds 0 and 1 over the first ``n`` genotypes of the table's random
+    sample (:func:`truth`), each retrained at seed 1 when the table lacks it (a table row; one
+    held by another process's lock is left to it and counted when finished). Returns ``(tau,
+    genotypes at both seeds)``; tau is None below two.
+
+    Raises:
+        ConfigError: a bad override; TableError: a damaged table."""
+    from scipy.stats import kendalltau
+
+    from autoln.data import load_corpus
+    from autoln.errors import FolderInUse
+    from autoln.locks import FolderLock
+    from autoln.race import Job
+    from autoln.run_race import job_config
+
+    cfg = setting_config("shallow", [SEVEN, *base_overrides(args), "race.enabled=false"], args.config)
+    space = "+".join(cfg.model.searched_candidates())
+    values, sample = truth(read_table(args.table), cfg, space)
+    runs = Path(args.out) / "shallow" / "fidelity7" / "ceiling"
+    retrains = TableRetrains("shallow", space, args.table, runs, load_corpus(cfg.data).fingerprint)
+    seed1 = job_config(cfg, Job("", cfg.retrain.steps, 1))
+    files = dict(zip(sample[:n], write_sample(cfg, runs / "sample", min(n, len(sample)), 0)))
+    for g in sample[:n]:
+        if retrains.find(seed1, g) is not None:
+            continue
+        folder = runs / f"{g.replace(' ', '_')}-seed1"
+        try:
+            with FolderLock(folder, "a ceiling retrain", name="ceiling.lock"):
+                retrains.rows = read_table(args.table)
+                if retrains.find(seed1, g) is None:
+                    retrains.value(seed1, g, files[g], g, folder / "run")
+        except FolderInUse:
+            continue
+    retrains.rows = read_table(args.table)
+    both = [g for g in sample[:n] if retrains.find(seed1, g) is not None]
+    if len(both) < 2:
+        return None, len(both)
+    return float(kendalltau([values[g] for g in both], [retrains.find(seed1, g).valid for g in both]).statistic), len(both)
+
+
 def main(argv=None) -> int:
     p = OneLineParser(prog="shallow_fidelity.py", description=__doc__.split("\n\n")[0])
     add_common_arguments(p, "shallow")
@@ -182,7 +228,11 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--windows", type=int, default=256, help="validation windows of the one-hot scores")
     p.add_argument("--rows", type=Path, default=OUT, help="the results table (one row per variant and search seed)")
+    p.add_argument("--ceiling", type=int, default=20, metavar="N",
+                   help="the first N genotypes of the random sample also at seed 1: the table's noise ceiling (default 20; 0: none)")
     args = p.parse_args(argv)
+    if args.ceiling < 0:
+        p.error(f"--ceiling: expected a count of genotypes, 0 or more, got {args.ceiling}")
     variants = args.variants.split(",")
     for v in variants:
         if v not in VARIANTS:
@@ -193,6 +243,10 @@ def main(argv=None) -> int:
             have = {(r["variant"], int(r["search_seed"])) for r in csv.DictReader(f)}
 
     def body() -> None:
+        if args.ceiling > 0:
+            tau, n = noise_ceiling(args.ceiling, args)
+            print(f"[fidelity] shallow-7 noise ceiling: Kendall tau(seed 0, seed 1) = "
+                  + (f"{tau:.3f}" if tau is not None else "-") + f" over {n} genotypes of the random sample", flush=True)
         for seed in (int(s) for s in args.seeds.split(",")):
             for variant in variants:
                 if (variant, seed) in have:
