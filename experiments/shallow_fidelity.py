@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     def body() -> None:
         if args.ceiling > 0:
             tau, n = noise_ceiling(args.ceiling, args)
-            print(f"[fidelity] shallow-7 noise ceiling: Kendall tau(seed 0, seed 1) = "
+            print("[fidelity] shallow-7 noise ceiling: Kendall tau(seed 0, seed 1) = "
                   + (f"{tau:.3f}" if tau is not None else "-") + f" over {n} genotypes of the random sample", flush=True)
         for seed in (int(s) for s in args.seeds.split(",")):
             for variant in variants:
