@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from types import ModuleType
 from pathlib import Path
 
 # One torch thread per test process (set before torch is imported): the suite runs one pytest-xdist
@@ -26,6 +28,15 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not found: the shared corpora sit beside the repository in CI and dev checkouts, not in a fresh clone")
     return path
+
+
+def experiment_script(name: str) -> ModuleType:
+    """``experiments/<name>.py`` loaded as a fresh module (each script puts ``experiments/`` on
+    ``sys.path`` itself, for its sibling imports)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

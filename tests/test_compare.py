@@ -18,7 +18,7 @@ from autoln.cli import CONFIG_SECTIONS, DEFAULT_BASELINES
 from autoln.config import Config
 from autoln.genotype import BASELINES, Genotype
 
-from .conftest import ROOT
+from .conftest import ROOT, experiment_script
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -182,12 +182,7 @@ def test_validation_script_reports_each_setting_against_every_baseline(tmp_path,
     ([], [2.3], "loses (every seed diverged)"),
 ])
 def test_validation_verdict(searched, best, want):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("validate", ROOT / "experiments" / "validate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.verdict(searched, best) == want
+    assert experiment_script("validate").verdict(searched, best) == want
 
 
 def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(tmp_path):

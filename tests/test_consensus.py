@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import numpy as np
@@ -14,7 +13,7 @@ from autoln.consensus import vote, votes_markdown
 from autoln.errors import ConfigError
 from autoln.genotype import Genotype, from_probabilities
 
-from .conftest import ROOT
+from .conftest import experiment_script
 from .test_cli import TINY, event_tags, run
 
 CFG = ModelConfig(n_layers=3)
@@ -70,9 +69,7 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
     assert {"consensus/agreement", "votes/block0/pre", "votes/block1/deepnorm"} <= set(acc.Tags()["scalars"])
     # experiments/selection_variants.py re-runs only the selection from a seed's checkpoint: its
     # `random` variant is the default selection and gives that seed's genotype again, exactly
-    spec = importlib.util.spec_from_file_location("selection_variants", ROOT / "experiments" / "selection_variants.py")
-    variants = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(variants)
+    variants = experiment_script("selection_variants")
     # (with the thread count the seed's worker had: float sums in another order move the 6th decimal)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))

@@ -4,32 +4,24 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
-import sys
 
 import pytest
 from scipy.stats import kendalltau
 
-from .conftest import ROOT, shared_path
+import autoln.compare
+from autoln.fidelity import sample_genotypes
+
+from .conftest import ROOT, experiment_script, shared_path
 
 TABLE = ROOT / "experiments" / "retrains.csv"
 SEVEN = "pre+post+deepnorm+peri+outnorm+lns+none"
-
-
-def _script(name: str):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_ceiling_is_tau_of_the_sample_s_first_twenty_at_seeds_0_and_1_read_from_the_table(tmp_path, monkeypatch):
     """Every retrain is in the repository's table: the ceiling retrains nothing, and equals
     scipy's Kendall tau over the first 20 sampled genotypes' seed-0 and seed-1 rows."""
     corpus = shared_path("wikitext-2")
-    fid = _script("shallow_fidelity")
-    import autoln.compare
+    fid = experiment_script("shallow_fidelity")
 
     def refuse(*a, **k):
         raise AssertionError("the ceiling retrained a genotype the table holds")
@@ -44,15 +36,13 @@ def test_the_ceiling_is_tau_of_the_sample_s_first_twenty_at_seeds_0_and_1_read_f
     by = {}
     for r in rows:
         by.setdefault(r["genotype"], {})[int(r["seed"])] = float(r["valid"])
-    from autoln.fidelity import sample_genotypes
-
     first = [" ".join(g) for g in sample_genotypes(20, 6, SEVEN.split("+"), 0)]
     assert n == 20
     assert tau == pytest.approx(kendalltau([by[g][0] for g in first], [by[g][1] for g in first]).statistic, abs=1e-12)
 
 
 def test_a_negative_ceiling_is_refused_in_one_line(capsys):
-    fid = _script("shallow_fidelity")
+    fid = experiment_script("shallow_fidelity")
     with pytest.raises(SystemExit) as exc:
         fid.main(["--ceiling", "-1"])
     assert exc.value.code == 2
