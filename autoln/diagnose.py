@@ -1,6 +1,6 @@
 """``python -m autoln.diagnose --genotype FILE_OR_NAME [--config FILE] [--set KEY=VALUE ...] [--steps N] [--out DIR]``
 
-The diagnostics of :mod:`autoln.diagnostics` for one derived model: at initialisation the
+The diagnostics of :mod:`autoln.models.diagnostics` for one derived model: at initialisation the
 per-block gradient norms (attention out-projection, FFN second weight), residual-stream norms
 and angular distances, on a fixed batch of valid windows; then the model update size
 ``||f(x; theta_t) - f(x; theta_0)||`` and the loss spikes over the first ``--steps`` training
@@ -55,15 +55,15 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .data import WindowSampler, eval_batches, eval_starts
-    from .diagnostics import SpikeCounter, logits, snapshot
-    from .errors import ConfigError
-    from .io import save_figure_atomic, write_json_atomic
-    from .model import build_derived
-    from .run_retrain import DIAG_WINDOWS, log_diagnostics, prepare_derived
-    from .errors import DivergenceError
-    from .tb import Logger
-    from .training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
+    from autoln.data import WindowSampler, eval_batches, eval_starts
+    from autoln.models.diagnostics import SpikeCounter, logits, snapshot
+    from autoln.core.errors import ConfigError
+    from autoln.core.io import save_figure_atomic, write_json_atomic
+    from autoln.models.model import build_derived
+    from autoln.retrain.run_retrain import DIAG_WINDOWS, log_diagnostics, prepare_derived
+    from autoln.core.errors import DivergenceError
+    from autoln.core.tb import Logger
+    from autoln.runs.training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
 
     if steps < 1:
         raise ConfigError(f"--steps must be a positive integer, got {steps}")
@@ -141,7 +141,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m autoln.diagnose``; returns the exit status."""
-    from .cli import OneLineParser, guarded
+    from autoln.cli import OneLineParser, guarded
 
     p = OneLineParser(prog="python -m autoln.diagnose", description=__doc__.split("\n\n")[1])
     p.add_argument("--genotype", required=True, metavar="FILE_OR_NAME",
@@ -154,9 +154,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        from .config import load_config
-        from .genotype import is_baseline
-        from .training import default_out_dir
+        from autoln.config import load_config
+        from autoln.models.genotype import is_baseline
+        from autoln.runs.training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
         tag = args.genotype if is_baseline(args.genotype) else ""

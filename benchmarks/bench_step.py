@@ -10,7 +10,7 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | name | one step is |
 |---|---|
 | ``derived`` | a training step of the derived model (all ``model.candidates[0]``, e.g. all-pre) |
-| ``supernet_weight`` | the supernet's weight step (``autoln.architect.weight_step``) |
+| ``supernet_weight`` | the supernet's weight step (``autoln.oneshot.architect.weight_step``) |
 | ``search_order1`` | a first-order search iteration: alpha step + weight step |
 | ``search_order2`` | a second-order search iteration (DARTS' unrolled step) + weight step |
 | ``naive_weight`` | the weight step of a supernet that calls each branch once per candidate |
@@ -66,15 +66,15 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autoln.architect import Architect, weight_step
+from autoln.oneshot.architect import Architect, weight_step
 from autoln.cli import guarded
 from autoln.config import Config, load_config
 from autoln.data import WindowSampler, check_lengths, load_corpus
-from autoln.errors import ConfigError
-from autoln.io import write_json_atomic
-from autoln.model import build_derived
-from autoln.supernet import Supernet, set_candidate_scale
-from autoln.training import prepare_model, resolve_device, train_step, weight_optimizer
+from autoln.core.errors import ConfigError
+from autoln.core.io import write_json_atomic
+from autoln.models.model import build_derived
+from autoln.models.supernet import Supernet, set_candidate_scale
+from autoln.runs.training import prepare_model, resolve_device, train_step, weight_optimizer
 
 VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight",
             "example_derived", "example_weight", "common_weight")

@@ -43,7 +43,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.io import write_json_atomic  # noqa: E402
+from autoln.core.io import write_json_atomic  # noqa: E402
 
 CANDIDATES = ("pre", "post", "deepnorm")
 

@@ -60,9 +60,9 @@ def seed_list(text: str) -> list[int]:
 def answer(cfg, method: str, seed: int, folder: Path) -> tuple[Path, float]:
     """Run (or reuse, or resume) one search of ``method`` at search seed ``seed`` in ``folder``;
     returns its genotype file and wall time (s, the seeds' sum for a consensus)."""
-    from autoln.consensus import run_seeds
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search
+    from autoln.oneshot.consensus import run_seeds
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search
 
     if method == "consensus3":
         done = folder / "genotype.json"
@@ -79,7 +79,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, method: str
                 out: Path, workers: int = 1, table: Path | None = None) -> dict:
     """Every search seed's answer of ``method`` in setting ``name``, retrained; returns the numbers."""
     from autoln.data import HEADLINE
-    from autoln.genotype import Genotype
+    from autoln.models.genotype import Genotype
     from retrain_table import compare_with_table, kendall_tau_of_seeds, read_table, space_of
 
     base = setting_config(name, overrides, config)

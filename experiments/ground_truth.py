@@ -12,8 +12,8 @@ so validate's search and retrains are reused and it reuses these):
 4. the ``--top`` best samples (by seed-0 valid) and the searched genotype at ``--seeds`` seeds;
 5. supernet fidelity: the search's trained supernet (its checkpoint of the last bilevel step)
    scores every sampled genotype imposed one-hot on ``--score-windows`` fixed valid windows
-   (:func:`autoln.fidelity.score_genotypes`), and Kendall's tau relates those scores to the
-   retrained seed-0 valid losses (:func:`autoln.fidelity.kendall_tau`; Yu et al. 2020).
+   (:func:`autoln.oneshot.fidelity.score_genotypes`), and Kendall's tau relates those scores to the
+   retrained seed-0 valid losses (:func:`autoln.oneshot.fidelity.kendall_tau`; Yu et al. 2020).
 
 The report, ``<out>/ground_truth.md`` and ``.json`` (over every setting measured so far; each
 setting's numbers are kept in ``<out>/<setting>/ground_truth.json``), gives per setting the sample's quantiles, each
@@ -41,7 +41,7 @@ from validate import (SETTINGS, add_common_arguments, base_overrides, commands_l
                       searched_genotype, setting_config, verdict, write_outputs)
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import read_json  # noqa: E402
+from autoln.core.io import read_json  # noqa: E402
 
 #: Sample sizes by setting (the issue's minimum: 30 at 6 blocks, 20 at 24 blocks).
 DEFAULT_SAMPLES = {"shallow": 30, "deep": 20, "highlr": 30}
@@ -60,9 +60,9 @@ def write_sample(cfg, folder: Path, n: int, seed: int) -> list[str]:
     """The first ``n`` genotypes of the reproducible sample as files ``folder/g<i>.json`` (an
     existing file is kept when it holds the same placements, else ConfigError). Returns their paths."""
     from autoln.data import load_corpus
-    from autoln.errors import ConfigError
-    from autoln.fidelity import sample_genotypes
-    from autoln.genotype import Genotype, from_probabilities
+    from autoln.core.errors import ConfigError
+    from autoln.oneshot.fidelity import sample_genotypes
+    from autoln.models.genotype import Genotype, from_probabilities
 
     cands = cfg.model.searched_candidates()
     vocab = load_corpus(cfg.data).vocab_size
@@ -82,7 +82,7 @@ def write_sample(cfg, folder: Path, n: int, seed: int) -> list[str]:
 
 def trained_supernet(search_dir: Path):
     """``(supernet, config, corpus)`` of the search in ``search_dir``: its
-    :class:`autoln.supernet.Supernet` with the weights of its checkpoint (the last bilevel step),
+    :class:`autoln.models.supernet.Supernet` with the weights of its checkpoint (the last bilevel step),
     on the CPU.
 
     Raises:
@@ -90,10 +90,10 @@ def trained_supernet(search_dir: Path):
         FileNotFoundError: no checkpoint in ``search_dir``."""
     import torch
 
-    from autoln.checkpoint import CHECKPOINT_FILE
+    from autoln.runs.checkpoint import CHECKPOINT_FILE
     from autoln.config import load_config
     from autoln.data import load_corpus
-    from autoln.supernet import Supernet
+    from autoln.models.supernet import Supernet
 
     cfg = load_config(search_dir / "config.yaml")
     corpus = load_corpus(cfg.data)
@@ -106,7 +106,7 @@ def supernet_scores(search_dir: Path, genotypes: list[list[str]], windows: int) 
     """The trained supernet of ``search_dir`` (:func:`trained_supernet`) scoring each genotype
     (per-block names) one-hot on ``windows`` fixed valid windows, nats per token."""
     from autoln.data import eval_starts
-    from autoln.fidelity import score_genotypes
+    from autoln.oneshot.fidelity import score_genotypes
 
     net, cfg, corpus = trained_supernet(search_dir)
     valid = corpus.splits["valid"]
@@ -119,12 +119,12 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_samples: 
                 table: Path | None = None) -> dict:
     """Sample, retrain, score and summarise one setting; returns its numbers."""
     from autoln.data import HEADLINE
-    from autoln.fidelity import kendall_tau
+    from autoln.oneshot.fidelity import kendall_tau
     from retrain_table import compare_with_table
 
     def run_compare(cfg, specs, baselines, n_seeds, folder, workers=1):
         return compare_with_table(cfg, name, specs, baselines, n_seeds, folder, table, workers=workers)
-    from autoln.genotype import Genotype
+    from autoln.models.genotype import Genotype
 
     cfg = setting_config(name, overrides, config)
     headline = HEADLINE[cfg.data.tokenizer]
@@ -186,7 +186,7 @@ def read_random_search(setting_dir: Path, compare: Path, headline: str) -> dict 
     res = read_json(setting_dir / "random_search" / "result.json")
     if not isinstance(res, dict):
         return None
-    from autoln.run_retrain import read_metrics
+    from autoln.retrain.run_retrain import read_metrics
 
     runs = [m["valid"][headline] for m in (read_metrics(p) for p in sorted((compare / "random_search").glob("seed*/metrics.json")))
             if m is not None]
@@ -304,8 +304,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        from autoln.errors import ConfigError
-        from autoln.genotype import BASELINES, is_baseline
+        from autoln.core.errors import ConfigError
+        from autoln.models.genotype import BASELINES, is_baseline
 
         names = parse_settings(args.settings)
         baselines = list(BASELINES) if args.baselines is None else [b.strip() for b in args.baselines.split(",") if b.strip()]

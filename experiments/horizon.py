@@ -47,7 +47,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, multipliers
                 seeds: int, out: Path, workers: int = 1, table: Path | None = None) -> dict:
     """Retrain ``genotypes`` at each multiple of the setting's steps; returns the numbers."""
     from autoln.data import HEADLINE
-    from autoln.genotype import is_baseline
+    from autoln.models.genotype import is_baseline
     from retrain_table import compare_with_table
 
     cfg = setting_config(name, overrides, config)
@@ -71,7 +71,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, multipliers
 def gaps(rows: list[dict]) -> dict:
     """Each non-baseline genotype's gap (mean valid minus the best named baseline's mean, lower
     is better) and verdict against the best named baseline of ``rows``."""
-    from autoln.genotype import is_baseline
+    from autoln.models.genotype import is_baseline
 
     named = [r for r in rows if is_baseline(r["genotype"]) and r["valid"]]
     if not named:

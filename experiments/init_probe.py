@@ -3,7 +3,7 @@
 For the supernet and every named baseline at 6 blocks (the default) and 24 blocks of width 64
 (``experiments/validate.py``'s ``deep``), under each ``model.residual_init`` (``unscaled``:
 plain xavier; ``scaled``: GPT-2's ``1/sqrt(2N)`` on the branch output projections), it prints
-Admin's output change (:func:`autoln.diagnostics.output_change`, Liu et al. 2020): the relative
+Admin's output change (:func:`autoln.models.diagnostics.output_change`, Liu et al. 2020): the relative
 change of the final hidden state after one first Adam-like step ``lr * sign(grad)`` at the
 first warm-up step's learning rate (``retrain.lr / retrain.warmup_steps``, 4e-5 at the
 defaults), on a fixed batch of training windows, mean over ``--seeds`` initialisations. Forward
@@ -31,10 +31,10 @@ def probe(cfg, corpus, names: list[str], seeds: int, windows: int) -> dict[str, 
     import torch
 
     from autoln.data import eval_starts, windows as cut
-    from autoln.diagnostics import output_change
-    from autoln.genotype import baseline
-    from autoln.model import build_derived
-    from autoln.supernet import Supernet
+    from autoln.models.diagnostics import output_change
+    from autoln.models.genotype import baseline
+    from autoln.models.model import build_derived
+    from autoln.models.supernet import Supernet
 
     mc = cfg.model
     train = corpus.splits["train"]
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
 
     def body() -> None:
         from autoln.data import load_corpus
-        from autoln.errors import ConfigError
-        from autoln.genotype import BASELINES
+        from autoln.core.errors import ConfigError
+        from autoln.models.genotype import BASELINES
 
         if args.seeds < 1 or args.windows < 1:
             raise ConfigError("--seeds and --windows must be positive integers")

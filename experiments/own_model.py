@@ -58,7 +58,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
 
 TABLE = ROOT / "experiments" / "own_model.csv"
 FIELDS = ["variant", "seed", "genotype", "val", "search_steps", "search_s", "train_s", "setup"]

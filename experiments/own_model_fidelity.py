@@ -16,7 +16,7 @@ retrained at seed 0 with nanoGPT's recipe):
   beside the spread of the retrained losses (a gap far above that spread says the shared
   weights fit no single path);
 - the scales: each candidate's output RMS and share of the mixture at the trained supernet's
-  first site (``autoln.model.candidate_scales`` on 16 validation windows).
+  first site (``autoln.models.model.candidate_scales`` on 16 validation windows).
 
 Variants (``--variants``): ``softmax`` (today's mixing), ``common`` (``search.candidate_scale:
 common``, each candidate brought to the mixture's RMS), ``spos`` and ``fair`` (single-path
@@ -51,8 +51,8 @@ from own_model_truth import CANDIDATES, SETUP, SIZE  # noqa: E402
 from own_model_truth import TABLE as TRUTH  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
-from autoln.model import candidate_scales  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
+from autoln.models.model import candidate_scales  # noqa: E402
 
 OUT = ROOT / "experiments" / "own_model_fidelity.csv"
 FIELDS = ["variant", "search_seed", "tau", "hits", "of", "n", "read_off", "read_off_val", "read_off_pct", "gap_mean", "gap_sd",
@@ -125,7 +125,7 @@ def trained_supernet(candidates, cfg: autoln.SearchConfig, seed: int, data, voca
 
 def first_site(model, x: torch.Tensor) -> dict:
     """``{"rms", "share"}`` by candidate at the trained supernet's first site (the first
-    attention site, ``autoln.model.candidate_scales`` on ``x[:16]``)."""
+    attention site, ``autoln.models.model.candidate_scales`` on ``x[:16]``)."""
     scales = candidate_scales(model, x[:16], lambda x: model(x))
     return next(v for k, v in scales.items() if k.endswith("transformer.h.0.attn_site"))
 
@@ -146,12 +146,12 @@ def measure(variant: str, seed: int, data, vocab: int, n_windows: int) -> dict:
 
 def measure_split(seed: int, data, vocab: int, n_windows: int) -> dict:
     """The ``split`` row (issue 44, variant b): one sub-supernet per kind of residual stream
-    (``autoln.placements.stream_groups``: ``pre peri outnorm lns none`` and ``post deepnorm``),
+    (``autoln.space.placements.stream_groups``: ``pre peri outnorm lns none`` and ``post deepnorm``),
     each searched with today's settings; the one whose read-off scores the lower one-hot loss
     gives the answer. Each table genotype inside one group is scored by that group's supernet;
     tau and the fit gap are over those, the top-10 % hits over the whole table (a genotype of
     mixed streams is one the split cannot answer: ranked last)."""
-    from autoln.placements import stream_groups
+    from autoln.space.placements import stream_groups
 
     truth = truth_values()
     x, y = val_windows(data[1], n_windows)
@@ -192,7 +192,7 @@ def fidelity_row(variant: str, seed: int, scores: dict[str, float], truth: dict[
     :func:`retrain_table.rank_agreement` (Kendall's tau, top-10 % hits) and the fit gap; the
     read-off's loss ``read_off_val`` as a percentile of ``sample`` (the random sample's losses,
     :func:`ground_truth.percentile`); ``first``: the first site's ``{"rms", "share"}`` by
-    candidate (:func:`autoln.model.candidate_scales`); ``search_s``: the search's wall time (s).
+    candidate (:func:`autoln.models.model.candidate_scales`); ``search_s``: the search's wall time (s).
 
     Raises:
         TableError: fewer than two genotypes both scored and measured."""

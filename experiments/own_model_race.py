@@ -42,10 +42,10 @@ from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: 
 from own_model_truth import SETUP, SIZE, TABLE, append_row, current_commit  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.api_compare import named_site_genotypes  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
-from autoln.race import REVISION  # noqa: E402
-from autoln.model import Site  # noqa: E402
+from autoln.api.compare import named_site_genotypes  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
+from autoln.models.model import Site  # noqa: E402
 
 SETS = {"3": ("pre", "post", "deepnorm"), "7": ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")}
 RACES = ROOT / "experiments" / "own_model_race.csv"

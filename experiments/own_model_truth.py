@@ -14,7 +14,7 @@ The jobs, in the order run (each finished retrain is a row of ``--table``, reuse
 
 1. the named baselines (``all-<candidate>`` for the seven, ``mix-ln``: block 1 Post-LN, the rest
    Pre-LN; ``pre-post``: blocks 1-2 Pre-LN, 3-4 Post-LN) and ``--samples`` distinct genotypes
-   drawn uniformly (``autoln.fidelity.sample_genotypes``, ``--sample-seed``), at seed 0;
+   drawn uniformly (``autoln.oneshot.fidelity.sample_genotypes``, ``--sample-seed``), at seed 0;
 2. the first ``--ceiling`` samples at seed 1: Kendall's tau between seeds 0 and 1 is the
    table's noise ceiling;
 3. the ``--top`` best samples (by seed 0) and the named baselines at seeds 1 and 2.
@@ -43,9 +43,9 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from nanogpt_recipe import Recipe, load_data, train, val_loss  # noqa: E402
 
 import autoln  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.api import searchable_sites  # noqa: E402
-from autoln.fidelity import sample_genotypes  # noqa: E402
+from autoln.oneshot.fidelity import sample_genotypes  # noqa: E402
 
 TABLE = ROOT / "experiments" / "own_model_truth.csv"
 FIELDS = ["space", "name", "genotype", "seed", "steps", "val", "train_s", "setup", "commit"]
@@ -59,7 +59,7 @@ def named_genotypes(candidates: tuple[str, ...] = CANDIDATES) -> dict[str, list[
     """The named baselines as site lists (attn, mlp per block): ``all-<c>`` per candidate,
     ``mix-ln`` (first ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) and
     ``pre-post`` (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``), ``N = 4`` blocks."""
-    from autoln.genotype import named_blocks
+    from autoln.models.genotype import named_blocks
 
     out = {f"all-{c}": [c] * N_SITES for c in candidates}
     if "pre" in candidates and "post" in candidates:

@@ -7,8 +7,8 @@ the seven) and search seed ``s``:
 
 1. the default search with ``search.seed = s`` in ``<out>/<setting>/race<K>/search-seed<s>``
    (reused when finished, resumed when interrupted), its shortlist scored as ``search.py`` does;
-2. the race of ``search.py`` (:mod:`autoln.race`'s rule over :func:`autoln.run_race.race_pool`'s
-   pool, each retrain :func:`autoln.run_race.job_config`'s: the ``retrain`` settings at the
+2. the race of ``search.py`` (:mod:`autoln.race.rule`'s rule over :func:`autoln.race.run_race.race_pool`'s
+   pool, each retrain :func:`autoln.race.run_race.job_config`'s: the ``retrain`` settings at the
    rung's length, seeds ``retrain.seed + 0, 1, 2``), in process, each retrain read from the
    table when it holds it (any space: a retrain is its genotype, seed, steps and config) and
    otherwise run in ``<search>/race/<entry>/steps<S>-seed<i>`` and added to the table;
@@ -35,8 +35,8 @@ from retrain_table import Row, append_rows, config_id, current_commit, read_tabl
 from validate import add_common_arguments, base_overrides, parse_settings, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
-from autoln.race import REVISION  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
 
 SEVEN = "[pre, post, deepnorm, peri, outnorm, lns, none]"
 CANDIDATES = {"3": [], "7": [f"model.candidates={SEVEN}"]}
@@ -67,7 +67,7 @@ class TableRetrains:
 
     def value(self, cfg, name: str, spec: str, placements: str, run_dir: Path) -> float:
         """Valid bits per byte of the retrain (``inf`` when it diverged)."""
-        from autoln.compare import retrain_one
+        from autoln.retrain.compare import retrain_one
 
         row = self.find(cfg, placements)
         if row is None:
@@ -88,10 +88,10 @@ class TableRetrains:
 
 def search(cfg, folder: Path):
     """The search in ``folder``: reused when finished, resumed when interrupted, else run (its
-    shortlist scored: ``race.enabled`` is on). Returns its :class:`autoln.genotype.Genotype`."""
-    from autoln.consensus import check_same_search
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search
+    shortlist scored: ``race.enabled`` is on). Returns its :class:`autoln.models.genotype.Genotype`."""
+    from autoln.oneshot.consensus import check_same_search
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search
 
     if (folder / "genotype.json").exists():
         check_same_search(folder, cfg)
@@ -103,9 +103,9 @@ def search(cfg, folder: Path):
 
 def race_one(name: str, overrides: list[str], k: str, seed: int, args) -> dict:
     """One race and its fresh-seed check (module docstring); the row of :data:`RACES`."""
-    from autoln import race as R
+    from autoln.race import rule as R
     from autoln.data import load_corpus
-    from autoln.run_race import job_config, race_pool, rule_of
+    from autoln.race.run_race import job_config, race_pool, rule_of
 
     cfg = setting_config(name, [*overrides, *CANDIDATES[k], f"search.seed={seed}"], args.config)
     folder = Path(args.out) / name / f"race{k}" / f"search-seed{seed}"

@@ -2,11 +2,11 @@
 (issue 43, "against random search"; NAS-Bench-201's way of evaluating black-box methods).
 
 Per setting and space (e.g. ``shallow`` over the seven candidates): the random genotypes are
-``experiments/ground_truth.py``'s uniform sample (:func:`autoln.fidelity.sample_genotypes`,
+``experiments/ground_truth.py``'s uniform sample (:func:`autoln.oneshot.fidelity.sample_genotypes`,
 ``--sample-seed`` 0, the drawn list's longest prefix with seed-0 rows at the full budget in the
 table; the searched races' own genotypes never stand in for random ones). Each simulated run
 draws them in a random order (``numpy.random.default_rng([seed, run])``) and enters the first
-``N`` with the named placements into the race of :mod:`autoln.race` (the rule of
+``N`` with the named placements into the race of :mod:`autoln.race.rule` (the rule of
 ``search.py``'s race, run on the table's rows instead of retraining), with ``N`` the largest
 whose race costs no more wall time (the rows' ``wall_time_s``) than the searched races' mean
 cost, search included (``experiments/races.csv``, today's rule only). It reports how often the
@@ -44,7 +44,7 @@ from retrain_table import append_rows, random_sample, read_table, row_from_run  
 from validate import add_common_arguments, base_overrides, parse_settings, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.race import REVISION  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
 
 #: Where ``--check-run`` keeps its retrains (apart from ``retrains.csv``: the check must not feed the simulation).
 CHECK_TABLE = Path(__file__).resolve().parent / "race_replay_check.csv"
@@ -87,8 +87,8 @@ class Setup:
 def setup_of(name: str, overrides: list[str], args) -> Setup | str:
     """The :class:`Setup` of ``name``, or the line saying what it lacks."""
     from autoln.data import load_corpus
-    from autoln.genotype import baseline
-    from autoln.run_race import named_specs
+    from autoln.models.genotype import baseline
+    from autoln.race.run_race import named_specs
 
     cfg = setting_config(name, overrides, args.config)
     cands = cfg.model.searched_candidates()
@@ -109,8 +109,8 @@ def setup_of(name: str, overrides: list[str], args) -> Setup | str:
 
 
 def task_of(s: Setup, job, folder: Path) -> tuple:
-    """The arguments of :func:`retrain_task` for ``job`` (an :class:`autoln.race.Job`)."""
-    from autoln.run_race import job_config
+    """The arguments of :func:`retrain_task` for ``job`` (an :class:`autoln.race.rule.Job`)."""
+    from autoln.race.run_race import job_config
 
     placements = s.placements(job.entry)
     spec = job.entry if job.entry in s.named else str(write_genotype(s.cfg, s.vocab, placements, folder))
@@ -120,7 +120,7 @@ def task_of(s: Setup, job, folder: Path) -> tuple:
 
 def retrain_task(cfg, label: str, spec: str, setting: str, space: str, run_dir: str):
     """One retrain in a worker process (one torch thread); its table row, or None (diverged)."""
-    from autoln.compare import retrain_one
+    from autoln.retrain.compare import retrain_one
 
     from retrain_table import current_commit
 
@@ -153,7 +153,7 @@ def run_tasks(tasks: list[tuple], table: Path, workers: int) -> list:
 def measure_with(s: Setup, fill: bool):
     """``measure(job) -> valid`` from the table (its wall time noted), retraining a missing row
     when ``fill``, else raising :class:`Missing`."""
-    from autoln.run_race import job_config
+    from autoln.race.run_race import job_config
 
     def measure(job) -> float:
         placements = s.placements(job.entry)
@@ -180,8 +180,8 @@ def simulate(s: Setup, run: int, seed: int, fill: bool):
 
     Raises:
         Missing: a row the run needs is not in the table (and not ``fill``)."""
-    from autoln import race as R
-    from autoln.run_race import rule_of
+    from autoln.race import rule as R
+    from autoln.race.run_race import rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
     order = [s.sample[int(i)] for i in np.random.default_rng([seed, run]).permutation(len(s.sample))]
@@ -201,8 +201,8 @@ def answer_worth(s: Setup, entry: str, fill: bool) -> float:
 
     Raises:
         Missing: as :func:`simulate`."""
-    from autoln import race as R
-    from autoln.run_race import rule_of
+    from autoln.race import rule as R
+    from autoln.race.run_race import rule_of
 
     measure = measure_with(s, fill)
     return statistics.mean(measure(R.Job(entry, s.cfg.retrain.steps, i)) for i in range(rule_of(s.cfg).final_seeds))
@@ -210,8 +210,8 @@ def answer_worth(s: Setup, entry: str, fill: bool) -> float:
 
 def replay(s: Setup, args) -> str:
     """The report of one setting (module docstring)."""
-    from autoln import race as R
-    from autoln.run_race import rule_of
+    from autoln.race import rule as R
+    from autoln.race.run_race import rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
     searched = [next((n for n, g in s.named.items() if g == r["answer_placements"]), r["answer_placements"]) for r in s.races]
@@ -249,8 +249,8 @@ def replay(s: Setup, args) -> str:
 
 def prefill(s: Setup, args) -> str:
     """Retrain every sampled genotype at every short rung (seed 0) the table lacks."""
-    from autoln import race as R
-    from autoln.run_race import job_config, rule_of
+    from autoln.race import rule as R
+    from autoln.race.run_race import job_config, rule_of
 
     tasks = []
     for steps in R.rung_steps(s.cfg.retrain.steps, rule_of(s.cfg))[:-1]:
@@ -273,8 +273,8 @@ def check_named(s: Setup, args) -> str:
     """The real check's named rung ahead of it: every named placement at the full budget, seed 0,
     into ``--check-table`` (every race runs it, whatever the draw; it needs no simulation, so it
     can run while ``--prefill`` does)."""
-    from autoln import race as R
-    from autoln.run_race import job_config
+    from autoln.race import rule as R
+    from autoln.race.run_race import job_config
 
     folder, real = check_retrains(s, args)
     jobs = [R.Job(n, s.cfg.retrain.steps, 0) for n in s.named]
@@ -285,8 +285,8 @@ def check_named(s: Setup, args) -> str:
 
 def check_run(s: Setup, args) -> str:
     """Run ``args.check_run``'s race for real (module docstring) and compare it with the simulation."""
-    from autoln import race as R
-    from autoln.run_race import job_config, rule_of
+    from autoln.race import rule as R
+    from autoln.race.run_race import job_config, rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
     entries, sim_plan, sim_values, n = simulate(s, args.check_run, args.seed, False)
@@ -298,7 +298,7 @@ def check_run(s: Setup, args) -> str:
         plan = R.plan(entries, values, full, rule)
         if plan.done:
             break
-        todo = plan.pending  # none measured yet (autoln.race.Plan)
+        todo = plan.pending  # none measured yet (autoln.race.rule.Plan)
         found = {j.key: real.find(job_config(s.cfg, j), s.placements(j.entry)) for j in todo}
         run = [j for j in todo if found[j.key] is None]
         for j, row in zip(run, run_tasks([task_of(s, j, folder) for j in run], args.check_table, args.workers)):
@@ -321,7 +321,7 @@ def check_run(s: Setup, args) -> str:
 
 def write_genotype(cfg, vocab: int, placements: str, folder: Path) -> Path:
     """A genotype file of ``placements`` (one per block) in ``folder/pool``."""
-    from autoln.genotype import from_probabilities
+    from autoln.models.genotype import from_probabilities
 
     cands = cfg.model.searched_candidates()
     names = placements.split()

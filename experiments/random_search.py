@@ -44,7 +44,7 @@ from halving import best_of_last_rung, rung_steps, successive_halving  # noqa: E
 from validate import add_common_arguments, each_setting, positive_int, searched_genotype, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import write_json_atomic  # noqa: E402
+from autoln.core.io import write_json_atomic  # noqa: E402
 
 
 def short_config(cfg, steps: int, windows: int):
@@ -61,9 +61,9 @@ def short_retrain(cfg, spec: str, folder: Path) -> dict:
     """One short retrain in ``folder`` (reused when finished, continued when interrupted); a
     diverged one scores inf, costs the time it ran, and is recorded (``diverged.json``) so that a
     re-run does not train it again."""
-    from autoln.errors import DivergenceError
-    from autoln.io import read_json, write_json_atomic
-    from autoln.run_retrain import retrain_reusing
+    from autoln.core.errors import DivergenceError
+    from autoln.core.io import read_json, write_json_atomic
+    from autoln.retrain.run_retrain import retrain_reusing
 
     diverged = read_json(folder / "diverged.json")
     if isinstance(diverged, dict):
@@ -84,9 +84,9 @@ def run_setting(name: str, overrides: list[str], config: str | None, budget_s: f
     ``workers`` applies to the final retrains only."""
     from autoln.data import HEADLINE, load_corpus
     from retrain_table import compare_with_table
-    from autoln.errors import ConfigError
-    from autoln.fidelity import sample_genotypes
-    from autoln.genotype import Genotype, from_probabilities
+    from autoln.core.errors import ConfigError
+    from autoln.oneshot.fidelity import sample_genotypes
+    from autoln.models.genotype import Genotype, from_probabilities
 
     cfg = setting_config(name, overrides, config)
     headline = HEADLINE[cfg.data.tokenizer]
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        from autoln.errors import ConfigError
+        from autoln.core.errors import ConfigError
 
         if args.eta < 2:
             raise ConfigError(f"--eta must be at least 2, got {args.eta}")

@@ -39,7 +39,7 @@ from selection_variants import reselect  # noqa: E402
 from validate import add_common_arguments, commands_line, each_setting, merge_saved, positive_int, searched_genotype, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import read_json, write_json_atomic, write_text_atomic  # noqa: E402
+from autoln.core.io import read_json, write_json_atomic, write_text_atomic  # noqa: E402
 
 READ_OFFS = ("perturbation", "score", "argmax", "fixed-alpha")
 #: Kendall's tau at or above which ``score`` is eligible (the rule).
@@ -53,8 +53,8 @@ def fixed_alpha_genotype(fixed, folder: Path) -> Path:
     their near-uniform start) in ``folder``: reused when finished with the same settings,
     resumed from its checkpoint, else run. Returns its ``genotype.json``. Raises ConfigError
     when the finished one was made with other settings."""
-    from autoln.consensus import check_same_search
-    from autoln.run_search import run_search
+    from autoln.oneshot.consensus import check_same_search
+    from autoln.oneshot.run_search import run_search
 
     if (folder / "genotype.json").exists():
         check_same_search(folder, fixed)
@@ -69,7 +69,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
     """The four read-offs of one setting, retrained; returns their numbers."""
     from retrain_table import compare_with_table
     from autoln.data import HEADLINE
-    from autoln.genotype import Genotype
+    from autoln.models.genotype import Genotype
 
     cfg = setting_config(name, overrides, config)
     headline = HEADLINE[cfg.data.tokenizer]

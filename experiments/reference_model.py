@@ -224,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     from autoln.cli import OneLineParser, guarded
     from autoln.config import load_config
     from autoln.data import load_corpus
-    from autoln.errors import ConfigError
-    from autoln.io import read_json, write_json_atomic
+    from autoln.core.errors import ConfigError
+    from autoln.core.io import read_json, write_json_atomic
 
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="the corpus (data.corpus), e.g. the WikiText-2 folder")

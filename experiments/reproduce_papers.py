@@ -2,7 +2,7 @@
 
 (a) Xiong et al. 2020, Fig. 3: at initialisation, Post-LN's per-layer gradient norm (FFN second
     weight) grows toward the output while Pre-LN's stays flat. Measured with
-    :func:`autoln.diagnostics.grad_norms` on ``--grad-seeds`` initialisations x one batch of
+    :func:`autoln.models.diagnostics.grad_norms` on ``--grad-seeds`` initialisations x one batch of
     valid windows, 12 blocks.
 (b) Xiong et al. 2020, §3: Post-LN trained with Adam at a high peak learning rate without
     warm-up ends much worse than with warm-up, while Pre-LN is fine without it. Four retrains
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autoln.cli import guarded
 from autoln.config import ModelConfig, load_config
-from autoln.io import save_figure_atomic, write_text_atomic
+from autoln.core.io import save_figure_atomic, write_text_atomic
 
 
 def _plt():
@@ -50,8 +50,8 @@ def part_a(cfg, out: Path, seeds: int) -> tuple[str, dict]:
     import torch
 
     from autoln.data import eval_batches, eval_starts, load_corpus
-    from autoln.diagnostics import grad_norms
-    from autoln.model import build_derived
+    from autoln.models.diagnostics import grad_norms
+    from autoln.models.model import build_derived
 
     corpus = load_corpus(cfg.data)
     mc = dataclasses.replace(cfg.model, n_layers=12)
@@ -93,8 +93,8 @@ def part_a(cfg, out: Path, seeds: int) -> tuple[str, dict]:
 def _retrain(cfg, spec: str, run_dir: Path) -> dict:
     """One retrain (reused when finished, continued when interrupted); returns metrics.json's content, or a dict with
     ``diverged`` and the message."""
-    from autoln.run_retrain import retrain_reusing
-    from autoln.errors import DivergenceError
+    from autoln.retrain.run_retrain import retrain_reusing
+    from autoln.core.errors import DivergenceError
 
     if (run_dir / "diverged.txt").exists():
         return {"diverged": (run_dir / "diverged.txt").read_text().strip()}

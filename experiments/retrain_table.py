@@ -46,12 +46,12 @@ def default_table() -> Path:
 
 def compare_with_table(cfg, setting: str, specs: list[str], baselines: list[str], seeds: int, compare: Path,
                        table: Optional[Path], **kwargs):
-    """:func:`autoln.compare.run_compare` that reads and extends the retrain table ``table``
+    """:func:`autoln.retrain.compare.run_compare` that reads and extends the retrain table ``table``
     (none: as ``run_compare``): the table's retrains are restored into ``compare`` first
     (:func:`restore_runs`, so they are not trained again), and every finished retrain in it is
     recorded after, even when the comparison ends by an exception (:func:`record_runs`).
     Returns ``run_compare``'s entries."""
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
 
     if table is not None:
         restore_runs(read_table(table), setting, cfg, compare)
@@ -139,7 +139,7 @@ def read_table(path: Path = TABLE) -> list[Row]:
 def write_table(rows: Iterable[Row], path: Path = TABLE) -> Path:
     """Write ``rows`` (sorted by setting, space, steps, genotype, seed) atomically: a temporary
     file, then ``os.replace``, so an interrupted write leaves the old table whole."""
-    from autoln.io import write_text_atomic
+    from autoln.core.io import write_text_atomic
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, FIELDS, lineterminator="\n")
@@ -155,12 +155,12 @@ def append_rows(new: Iterable[Row], path: Path = TABLE) -> int:
     a row it holds is kept as it is (the first measurement stays). Returns how many were added.
 
     Several experiment processes append to one table: the read and the write happen under an
-    exclusive lock on ``<table>.lock`` (:func:`autoln.locks.build_lock`), so no process writes
+    exclusive lock on ``<table>.lock`` (:func:`autoln.core.locks.build_lock`), so no process writes
     back a table that lacks another's new rows.
 
     Raises:
         TableError: the existing table is damaged (nothing is written then)."""
-    from autoln.locks import build_lock
+    from autoln.core.locks import build_lock
 
     new = list(new)
     with build_lock(Path(path).with_name(Path(path).name + ".lock")):
@@ -216,7 +216,7 @@ def run_config_id(folder: Path, fingerprint: str) -> Optional[str]:
 def row_from_run(folder: Path, setting: str, space: str, commit: str) -> Optional[Row]:
     """The row of the finished retrain in ``folder`` (its ``metrics.json``, bits per byte, and
     ``config.yaml``), or None when it is not finished, diverged, or restored from the table."""
-    from autoln.run_retrain import read_metrics
+    from autoln.retrain.run_retrain import read_metrics
 
     m = read_metrics(Path(folder) / "metrics.json")
     if m is None or "restored_from" in m:
@@ -261,7 +261,7 @@ def space_of(cfg) -> str:
 
 
 def restore_runs(rows: Iterable[Row], setting: str, cfg, compare: Path, windows: Optional[int] = None) -> int:
-    """Rebuild, in the comparison folder ``compare`` (:func:`autoln.compare.run_compare`'s
+    """Rebuild, in the comparison folder ``compare`` (:func:`autoln.retrain.compare.run_compare`'s
     layout), a finished run folder for each table row of ``setting`` in ``cfg``'s space at
     ``cfg.retrain.steps`` (and ``windows``, default ``cfg.retrain.final_eval_windows``) that has
     none: ``table-<placements>/seed<i>`` (found by placements for any genotype file), and
@@ -272,8 +272,8 @@ def restore_runs(rows: Iterable[Row], setting: str, cfg, compare: Path, windows:
     import dataclasses
 
     from autoln.data import HEADLINE, load_corpus
-    from autoln.genotype import BASELINES, baseline, from_probabilities
-    from autoln.io import write_json_atomic, write_text_atomic
+    from autoln.models.genotype import BASELINES, baseline, from_probabilities
+    from autoln.core.io import write_json_atomic, write_text_atomic
 
     rc = cfg.retrain
     if HEADLINE[cfg.data.tokenizer] != "bits_per_byte":
@@ -328,11 +328,11 @@ def kendall_tau_of_seeds(rows: Iterable[Row], setting: str, space: str, steps: i
 
 
 def random_sample(have: set, candidates: list[str], n_layers: int, seed: int) -> list[str]:
-    """The longest prefix of :func:`autoln.fidelity.sample_genotypes`' stream (``seed``; one
+    """The longest prefix of :func:`autoln.oneshot.fidelity.sample_genotypes`' stream (``seed``; one
     placement per block, ``n_layers`` blocks) whose genotypes (placements strings) are all in
     ``have``: the random sample the table measured, never a searched genotype that happens to
     have the same rows (``experiments/ground_truth.py`` draws seed 0, ``random_search.py`` 1)."""
-    from autoln.fidelity import sample_genotypes
+    from autoln.oneshot.fidelity import sample_genotypes
 
     sample = []
     for g in sample_genotypes(min(len(candidates) ** n_layers, len(have) + 1), n_layers, candidates, seed):

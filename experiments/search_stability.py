@@ -18,8 +18,8 @@ from pathlib import Path
 
 from autoln.cli import guarded
 from autoln.config import load_config
-from autoln.genotype import Genotype
-from autoln.run_search import run_search
+from autoln.models.genotype import Genotype
+from autoln.oneshot.run_search import run_search
 
 #: Variants by name: the ``--set`` overrides that define them.
 VARIANTS = {

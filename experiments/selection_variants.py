@@ -1,7 +1,7 @@
 """Does the way a genotype is read off the supernet change the agreement across seeds?
 
 Takes the folder of a finished ``search.py --seeds N`` and, for each seed, re-runs only the
-perturbation-based selection (DARTS-PT, :mod:`autoln.selection`) from that seed's checkpoint of
+perturbation-based selection (DARTS-PT, :mod:`autoln.oneshot.selection`) from that seed's checkpoint of
 its last step, with each variant below; the trained supernet is the same for every variant.
 It prints per variant the genotypes and the agreement (the fraction of sites at which every
 seed chose the same placement, as ``search.py --seeds``).
@@ -46,14 +46,14 @@ from unittest import mock
 
 import numpy as np
 
-import autoln.run_search as rs
-from autoln.checkpoint import CHECKPOINT_FILE
+import autoln.oneshot.run_search as rs
+from autoln.runs.checkpoint import CHECKPOINT_FILE
 from autoln.cli import guarded
 from autoln.config import load_config
-from autoln.io import copy_atomic, read_json, write_json_atomic
-from autoln.consensus import vote
-from autoln.genotype import Genotype
-from autoln.selection import Selection, loss_rises
+from autoln.core.io import copy_atomic, read_json, write_json_atomic
+from autoln.oneshot.consensus import vote
+from autoln.models.genotype import Genotype
+from autoln.oneshot.selection import Selection, loss_rises
 
 VARIANTS = ("random", "random-256", "greedy", "first-pass", "bottom-up", "top-down", "one-shot", "score", "argmax")
 #: Variants that are another ``search.selection`` rather than another perturbation order.
@@ -68,7 +68,7 @@ def lead(rises: np.ndarray) -> float:
 
 
 def selector(variant: str):
-    """A drop-in for :func:`autoln.selection.perturbation_select` that decides in ``variant``'s way."""
+    """A drop-in for :func:`autoln.oneshot.selection.perturbation_select` that decides in ``variant``'s way."""
     def select(model, loss, tune, order) -> Selection:
         n, k = model.alphas.shape[0], len(model.candidates)
         model.projected = {}

@@ -42,7 +42,7 @@ from retrain_table import random_sample, read_table  # noqa: E402
 from validate import add_common_arguments, base_overrides, setting_config  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import append_csv_row  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "shallow_fidelity.csv"
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
@@ -66,8 +66,8 @@ def truth(rows, cfg, space: str) -> tuple[dict[str, float], list[str]]:
     sample and the named placements, by placements string (those the table holds), and the
     random sample's genotypes (:func:`retrain_table.random_sample`, seed 0). ``rows``: the
     table's :class:`retrain_table.Row` objects."""
-    from autoln.genotype import baseline
-    from autoln.run_race import named_specs
+    from autoln.models.genotype import baseline
+    from autoln.race.run_race import named_specs
 
     full = {r.genotype: r.valid for r in rows if (r.setting, r.space, r.seed, r.steps) == ("shallow", space, cfg.retrain.seed,
                                                                                             cfg.retrain.steps)}
@@ -79,7 +79,7 @@ def truth(rows, cfg, space: str) -> tuple[dict[str, float], list[str]]:
 
 def search_dir(cfg, out: Path, variant: str, seed: int) -> Path:
     """The variant's search folder, run or resumed when not finished (module docstring)."""
-    from autoln.run_search import run_search
+    from autoln.oneshot.run_search import run_search
 
     reuse = out / "shallow" / "race7" / f"search-seed{seed}"
     if variant == "softmax" and (reuse / "genotype.json").exists():
@@ -93,7 +93,7 @@ def search_dir(cfg, out: Path, variant: str, seed: int) -> Path:
 
 def first_site(folder: Path) -> dict:
     """``{"rms", "share"}`` by candidate at the first site of the trained supernet in ``folder``
-    (:func:`autoln.model.candidate_scales` on 16 validation windows of ``model.context`` tokens;
+    (:func:`autoln.models.model.candidate_scales` on 16 validation windows of ``model.context`` tokens;
     RMS in the residual stream's units, shares summing to 1).
 
     Raises:
@@ -101,7 +101,7 @@ def first_site(folder: Path) -> dict:
     import torch
 
     from autoln.data import eval_starts
-    from autoln.model import candidate_scales
+    from autoln.models.model import candidate_scales
 
     net, cfg, corpus = trained_supernet(folder)
     valid, t = corpus.splits["valid"], cfg.model.context
@@ -114,14 +114,14 @@ def measure(variant: str, seed: int, args) -> dict:
     """One row (module docstring): the variant's search (run, resumed or reused), its one-hot
     scores in bits per byte against the table's seed-0 valid bits per byte, and its read-off
     retrained at seed 0 (a table row; run when missing). ``split``: one search per kind of
-    residual stream (``autoln.placements.stream_groups``, in ``split-<kind>-seed<s>``), each
+    residual stream (``autoln.space.placements.stream_groups``, in ``split-<kind>-seed<s>``), each
     scoring the table genotypes inside its group; the one whose read-off scores lower answers
     (``own_model_fidelity.split_row``'s figures).
 
     Raises:
         KeyError: an unknown variant; ConfigError: a bad override; TableError: the table holds
         fewer than two genotypes of the seven-candidate ``shallow`` space."""
-    from autoln.placements import stream_groups
+    from autoln.space.placements import stream_groups
 
     common = [SEVEN, *base_overrides(args), f"search.seed={seed}", "race.enabled=false"]
     s = setting_config("shallow", common, args.config).search
@@ -148,7 +148,7 @@ def searched(cfg, args, variant: str, seed: int, genotypes: list[str], read_off:
     """The variant's search folder (:func:`search_dir`), its wall time (s) and its one-hot
     scores (bits per byte) of ``genotypes`` and, with ``read_off``, of its own answer (key
     ``"read-off"``)."""
-    from autoln.genotype import Genotype
+    from autoln.models.genotype import Genotype
 
     t0 = time.perf_counter()
     folder = search_dir(cfg, Path(args.out), variant, seed)
@@ -164,9 +164,9 @@ def row_of(variant: str, seed: int, args, cfg, folder: Path, scores: dict, value
     under ``cfg`` (the seven-candidate setting; a table row, run when missing) and the figures of
     ``own_model_fidelity.fidelity_row`` (``split_row`` for ``split``)."""
     from autoln.data import load_corpus
-    from autoln.genotype import Genotype
-    from autoln.race import Job
-    from autoln.run_race import job_config
+    from autoln.models.genotype import Genotype
+    from autoln.race.rule import Job
+    from autoln.race.run_race import job_config
 
     placements = Genotype.load(folder / "genotype.json").describe()
     runs = Path(args.out) / "shallow" / "fidelity7" / "retrains"
@@ -191,10 +191,10 @@ def noise_ceiling(n: int, args) -> tuple[float | None, int]:
     from scipy.stats import kendalltau
 
     from autoln.data import load_corpus
-    from autoln.errors import FolderInUse
-    from autoln.locks import FolderLock
-    from autoln.race import Job
-    from autoln.run_race import job_config
+    from autoln.core.errors import FolderInUse
+    from autoln.core.locks import FolderLock
+    from autoln.race.rule import Job
+    from autoln.race.run_race import job_config
 
     cfg = setting_config("shallow", [SEVEN, *base_overrides(args), "race.enabled=false"], args.config)
     space = "+".join(cfg.model.searched_candidates())

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from validate import add_common_arguments, commands_line, each_setting, merge_saved, positive_int, setting_config, verdict  # noqa: E402
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.io import write_json_atomic, write_text_atomic  # noqa: E402
+from autoln.core.io import write_json_atomic, write_text_atomic  # noqa: E402
 
 
 def reuse_validate_search(cfg, name: str, out: Path) -> bool:
@@ -38,8 +38,8 @@ def reuse_validate_search(cfg, name: str, out: Path) -> bool:
     renamed, so an interrupted copy leaves nothing half-written. Returns whether it copied."""
     import shutil
 
-    from autoln.consensus import check_same_search
-    from autoln.errors import ConfigError
+    from autoln.oneshot.consensus import check_same_search
+    from autoln.core.errors import ConfigError
 
     source = out / name / "search"
     target = out / name / "seeds" / f"seed{cfg.search.seed}"
@@ -61,10 +61,10 @@ def run_setting(name: str, overrides: list[str], config: str | None, n_seeds: in
                 workers: int = 1, table: Path | None = None) -> dict:
     """The seeds' searches, their consensus and the retrains of one setting; returns its numbers."""
     from retrain_table import compare_with_table
-    from autoln.consensus import check_same_search, run_seeds, vote
-    from autoln.errors import ConfigError
+    from autoln.oneshot.consensus import check_same_search, run_seeds, vote
+    from autoln.core.errors import ConfigError
     from autoln.data import HEADLINE
-    from autoln.genotype import Genotype
+    from autoln.models.genotype import Genotype
 
     cfg = setting_config(name, overrides, config)
     headline = HEADLINE[cfg.data.tokenizer]
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def body() -> None:
-        from autoln.errors import ConfigError
+        from autoln.core.errors import ConfigError
 
         if args.seeds < 2:
             raise ConfigError(f"--seeds must be at least 2 (one search needs no consensus), got {args.seeds}")

@@ -2,7 +2,7 @@
 
 In each setting it runs the default search (``search.py``'s job, in process) with the
 setting's overrides, then ``retrain.py --compare``'s job: the searched genotype and every named
-baseline (:data:`autoln.genotype.BASELINES`), ``--seeds`` seeds each, at equal budget (the
+baseline (:data:`autoln.models.genotype.BASELINES`), ``--seeds`` seeds each, at equal budget (the
 ``retrain`` settings). The settings are fixed here, before any result was seen:
 
 - ``shallow``: the default model (6 blocks, width 96) and optimisation;
@@ -35,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
-from autoln.locks import FolderLock
+from autoln.core.locks import FolderLock
 from autoln.config import load_config
-from autoln.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
+from autoln.core.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
 
 #: Settings by name: the ``--set`` overrides that define them (applied to search and retrain).
 SETTINGS = {
@@ -77,7 +77,7 @@ def add_common_arguments(p, settings: str) -> None:
     ``--settings`` (default ``settings``) and ``--out`` (default runs/validate, one folder per
     setting, shared by the scripts so that finished runs are reused), ``--table`` (the retrain
     table, :mod:`retrain_table`) and ``--workers`` (retrains at once:
-    :func:`autoln.compare.run_compare`'s ``workers``)."""
+    :func:`autoln.retrain.compare.run_compare`'s ``workers``)."""
     p.add_argument("--data", default=None, help="data.corpus (default: the config's; the tables use a WikiText-2 folder)")
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -102,7 +102,7 @@ def parse_settings(text: str) -> list[str]:
     Raises:
         ConfigError: an unknown or repeated name, or none.
     """
-    from autoln.errors import ConfigError
+    from autoln.core.errors import ConfigError
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names or any(s not in SETTINGS for s in names) or len(set(names)) != len(names):
@@ -182,8 +182,8 @@ def searched_genotype(cfg, name: str, out: Path, overwrite: bool = False) -> Pat
     """The default search of setting ``name`` in ``<out>/<name>/search``: reused when finished
     with the same settings (else ConfigError, unless ``overwrite``), resumed from its checkpoint
     when interrupted, else run. Returns its ``genotype.json``."""
-    from autoln.consensus import check_same_search
-    from autoln.run_search import run_search
+    from autoln.oneshot.consensus import check_same_search
+    from autoln.oneshot.run_search import run_search
 
     search_dir = out / name / "search"
     if (search_dir / "genotype.json").exists() and not overwrite:
@@ -200,9 +200,9 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
     """Search and compare in one setting; returns its numbers. A finished search or retrain in
     ``out`` is reused only when it was made with the same settings (else ConfigError, unless
     ``overwrite``, which redoes them). ``workers``: retrains at once."""
-    from autoln.compare import mean_curve
+    from autoln.retrain.compare import mean_curve
     from autoln.data import HEADLINE
-    from autoln.genotype import BASELINES, Genotype
+    from autoln.models.genotype import BASELINES, Genotype
     from retrain_table import compare_with_table
 
     cfg = setting_config(name, overrides, config)
@@ -229,7 +229,7 @@ def run_setting(name: str, overrides: list[str], config: str | None, seeds: int,
 
 def setting_markdown(r: dict) -> str:
     """One setting's section: settings line, table ranked by valid mean, verdict."""
-    from autoln.compare import mean_std
+    from autoln.retrain.compare import mean_std
 
     ranked = sorted(r["rows"], key=lambda row: statistics.mean(row["valid"]) if row["valid"] else float("inf"))
     lines = [f"## {r['setting']}", "",

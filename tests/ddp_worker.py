@@ -19,10 +19,11 @@ OVERRIDES = ["model.dropout=0.2", "search.steps=12", "search.eval_every=6", "sea
 def main(out: Path, config: str) -> None:
     import torch
 
-    from autoln import distributed, run_retrain as rr
+    from autoln.core import distributed
+    from autoln.retrain import run_retrain as rr
     from autoln.config import load_config
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search
 
     writes = {"genotype": 0, "metrics": 0}
     save, write_json = Genotype.save, rr.write_json_atomic

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import autoln
-from autoln.errors import GenotypeError, OutputError
+from autoln.core.errors import GenotypeError, OutputError
 
 from .conftest import ROOT
 
@@ -50,7 +50,7 @@ def _genotype(model, placement: str) -> autoln.SiteGenotype:
 
 
 def test_the_public_names_are_importable_from_autoln():
-    import autoln.compare  # noqa: F401 - a submodule named like a public name would now shadow it
+    import autoln.retrain.compare  # noqa: F401 - a submodule named like a public name would now shadow it
 
     for name in ("Site", "SearchModel", "search", "derive", "SiteGenotype", "load_derived", "SearchConfig",
                  "deepnorm_weights", "compare_genotypes", "Comparison"):
@@ -92,7 +92,7 @@ def test_derive_applies_deepnorm_s_gain_to_the_named_weights_only(gpt):
     named = {}
     autoln.derive(fresh, g, deepnorm_weights=lambda site: named.setdefault(site, autoln.deepnorm_weights(fresh, site)))
     assert list(named) == list(g.sites)  # asked once per DeepNorm site
-    from autoln.placements import deepnorm_constants
+    from autoln.space.placements import deepnorm_constants
 
     _, b = deepnorm_constants(3)
     for i in range(3):
@@ -155,8 +155,8 @@ def test_the_example_searches_and_races_at_tiny_size(tmp_path, capsys):
 def test_load_derived_gives_the_retrain_s_own_valid_loss(tmp_path):
     from autoln.config import load_config
     from autoln.data import eval_starts, load_corpus
-    from autoln.run_retrain import run_retrain
-    from autoln.training import evaluate
+    from autoln.retrain.run_retrain import run_retrain
+    from autoln.runs.training import evaluate
 
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")

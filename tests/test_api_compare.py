@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import autoln
-from autoln.api_compare import CompareRow, Comparison, verdict
+from autoln.api.compare import CompareRow, Comparison, verdict
 from autoln.config import RetrainConfig
-from autoln.ranking import is_tie
-from autoln.training import evaluate_batches, train_step, weight_optimizer
+from autoln.retrain.ranking import is_tie
+from autoln.runs.training import evaluate_batches, train_step, weight_optimizer
 
 from .test_nanogpt_diff import EXAMPLE, load
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import autoln
-from autoln.errors import ConfigError, GenotypeError
+from autoln.core.errors import ConfigError, GenotypeError
 
 from .conftest import ROOT
 from .test_nanogpt_diff import EXAMPLE, load
@@ -90,7 +90,7 @@ def test_site_refuses_an_unknown_norm():
 
 def test_derive_refuses_what_is_no_site_genotype(tmp_path):
     from autoln.config import ModelConfig
-    from autoln.genotype import baseline
+    from autoln.models.genotype import baseline
 
     with pytest.raises(GenotypeError, match=r"derive: genotype: .*got 'pre', which is no file; 'pre' is a placement: .*"
                                             r"baselines=\['pre'\]"):
@@ -116,7 +116,7 @@ def test_search_refuses_a_dict_as_cfg_and_a_non_model():
 
 def test_the_two_genotype_formats_say_which_is_which_and_what_to_do(tmp_path):
     from autoln.config import ModelConfig
-    from autoln.genotype import Genotype, baseline
+    from autoln.models.genotype import Genotype, baseline
 
     site = _site_genotype(Tiny()).save(tmp_path / "site.json")
     with pytest.raises(GenotypeError, match="a genotype of autoln.search for a model of your own .*autoln.derive"):
@@ -162,7 +162,7 @@ def test_a_branch_that_returns_a_tuple_is_named_with_its_site():
 
 def test_compare_genotypes_refuses_misuse_in_one_line_before_any_training(tmp_path):
     from autoln.config import ModelConfig
-    from autoln.genotype import baseline
+    from autoln.models.genotype import baseline
 
     trained = []
     kw = dict(train=lambda m, s: trained.append(s), evaluate=lambda m: 1.0, progress=False)
@@ -247,7 +247,7 @@ def _padding(n: int = 8) -> list:
 
 
 def test_a_batch_without_a_target_to_score_is_named_as_the_cause():
-    from autoln.errors import DivergenceError
+    from autoln.core.errors import DivergenceError
 
     with pytest.raises(DivergenceError, match=r"L_alpha \(or its gradient\)=nan.*The cause is the batch, not the learning rate: "
                                               r"the D_alpha batch has no target to score \(all 12 targets are negative"):
@@ -270,7 +270,7 @@ def test_skipped_updates_are_in_the_outcome_its_notes_and_stderr(capsys):
 
 
 def test_evaluation_counts_the_scored_targets_and_skips_a_batch_with_none():
-    from autoln.training import evaluate_batches
+    from autoln.runs.training import evaluate_batches
 
     torch.manual_seed(0)
     model = autoln.derive(Tiny(), _site_genotype(Tiny(), "pre"))

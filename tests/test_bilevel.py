@@ -6,12 +6,12 @@ import torch
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from autoln.architect import Architect, weight_step
+from autoln.oneshot.architect import Architect, weight_step
 from autoln.config import ModelConfig, SearchConfig
-from autoln.mixing import MIXINGS, beta_regulariser, draw_gumbel, linear, site_entropy, zero_one_loss
-from autoln.monitor import DELTA, LAG, RATIO, START_FRACTION, WINDOW, CollapseMonitor, alpha_hessian, max_eigenvalue
-from autoln.supernet import Supernet
-from autoln.training import weight_optimizer
+from autoln.space.mixing import MIXINGS, beta_regulariser, draw_gumbel, linear, site_entropy, zero_one_loss
+from autoln.oneshot.monitor import DELTA, LAG, RATIO, START_FRACTION, WINDOW, CollapseMonitor, alpha_hessian, max_eigenvalue
+from autoln.models.supernet import Supernet
+from autoln.runs.training import weight_optimizer
 
 from .conftest import ROOT
 
@@ -159,7 +159,7 @@ def test_temperature_schedule():
 
 def test_search_schedules_end_on_their_final_values():
     # tau 2 -> 0.5 over 100 steps: the last step uses tau_end exactly (it ended at 0.515)
-    from autoln.run_search import sdarts_noise, temperature
+    from autoln.oneshot.run_search import sdarts_noise, temperature
 
     sc = SearchConfig(steps=100, tau_start=2.0, tau_end=0.5, sdarts_eps=0.3)
     assert (temperature(sc, 1), temperature(sc, 100)) == (2.0, 0.5)
@@ -197,7 +197,7 @@ def test_sigmoid_mixing_weights_and_probabilities():
 
 def test_arch_warmup_keeps_alphas_then_moves_them(tmp_path):
     from autoln.config import load_config
-    from autoln.run_search import run_search
+    from autoln.oneshot.run_search import run_search
 
     cfg = load_config(None, ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.context=16",
                              f"data.corpus={_corpus(tmp_path)}", f"data.cache_dir={tmp_path / 'c'}", "search.steps=6",
@@ -286,10 +286,10 @@ def test_r_darts_early_stop_exports_the_genotype_from_before_the_rise(tmp_path, 
     # eigenvalues forced to 1 x7 then 10: the rule fires at the 8th evaluation (step 16) and R-DARTS
     # returns the architecture 4 evaluations earlier (step 8), here "deepnorm pre"; by the stop the
     # alphas say "pre pre"
-    from autoln import monitor as mon
+    from autoln.oneshot import monitor as mon
     from autoln.config import load_config
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search, temperature
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search, temperature
 
     eigen = iter([1.0] * 7 + [10.0] * 5)
     monkeypatch.setattr(mon, "alpha_hessian", lambda model, x, y: torch.zeros(1, 1))

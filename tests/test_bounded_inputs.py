@@ -15,8 +15,8 @@ import pytest
 
 from autoln import cli
 from autoln.config import ModelConfig, load_config
-from autoln.errors import ConfigError, GenotypeError
-from autoln.genotype import Genotype, baseline
+from autoln.core.errors import ConfigError, GenotypeError
+from autoln.models.genotype import Genotype, baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -88,7 +88,7 @@ def test_a_10_mb_provenance_leaves_metrics_and_checkpoint_small_and_says_what_wa
 
 
 def test_a_small_provenance_is_copied_whole_and_unchanged():
-    from autoln.genotype import bounded_provenance
+    from autoln.models.genotype import bounded_provenance
 
     prov = {"config": {"a": 1}, "data": {"fingerprint_sha256": "f" * 64}}
     kept, note = bounded_provenance(prov, "g.json")
@@ -96,7 +96,7 @@ def test_a_small_provenance_is_copied_whole_and_unchanged():
 
 
 def test_many_small_extra_keys_are_cut_to_the_limit_and_counted():
-    from autoln.genotype import PROVENANCE_LIMIT, bounded_provenance
+    from autoln.models.genotype import PROVENANCE_LIMIT, bounded_provenance
 
     prov = {"data": {"corpus": "c"}, **{f"k{i}": i for i in range(100_000)}}
     kept, note = bounded_provenance(prov, "g.json")
@@ -108,7 +108,7 @@ def test_many_small_extra_keys_are_cut_to_the_limit_and_counted():
 
 
 def test_a_huge_field_name_and_a_huge_object_are_left_out_with_bounded_names():
-    from autoln.genotype import bounded_provenance
+    from autoln.models.genotype import bounded_provenance
 
     prov = {"k" * TEN_MB: 1, "config": {"x": "y" * 100_000}, "seed": 3}
     kept, note = bounded_provenance(prov, "g.json")
@@ -119,7 +119,7 @@ def test_a_huge_field_name_and_a_huge_object_are_left_out_with_bounded_names():
 
 def test_a_comparison_reusing_a_run_copies_the_genotype_bounded(tmp_path):
     """compare.reuse_same_placements writes the entry's own genotype into the reused record."""
-    from autoln.compare import Entry, reuse_same_placements
+    from autoln.retrain.compare import Entry, reuse_same_placements
 
     big = write_genotype(tmp_path / "big.json", genotype_dict(note="n" * TEN_MB))
     source = tmp_path / "cmp" / "all-pre" / "seed0" / "metrics.json"
@@ -134,7 +134,7 @@ def test_a_comparison_reusing_a_run_copies_the_genotype_bounded(tmp_path):
 
 
 def test_a_consensus_copies_the_first_seeds_provenance_bounded(tmp_path):
-    from autoln.consensus import consensus_genotype, vote
+    from autoln.oneshot.consensus import consensus_genotype, vote
 
     g = Genotype.from_dict(genotype_dict(config={"huge": "c" * TEN_MB}, data={"corpus": "x"}, packages={"torch": "2"}))
     c = vote([g, g])
@@ -278,7 +278,7 @@ def test_a_config_integer_beyond_pythons_digit_limit_is_a_config_error(tmp_path)
 
 
 def test_quoted_is_repr_for_short_values_and_bounded_for_long_ones():
-    from autoln.errors import quoted
+    from autoln.core.errors import quoted
 
     assert [quoted(v) for v in ("sandwich", ["pre", "post"], {"a": 1}, 3, None)] == \
         ["'sandwich'", "['pre', 'post']", "{'a': 1}", "3", "None"]

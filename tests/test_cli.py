@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from autoln import cli
-from autoln.genotype import Genotype
+from autoln.models.genotype import Genotype
 
 from .conftest import ROOT, shared_path
 
@@ -242,7 +242,7 @@ def test_retrain_config_records_the_trained_model(searched):
 
 
 def test_heat_map_scale_is_stretched_to_the_largest_difference_from_uniform():
-    from autoln.tb import heat_scale
+    from autoln.core.tb import heat_scale
 
     near = np.array([[0.337, 0.331, 0.332], [0.33, 0.334, 0.336]])
     assert heat_scale(near) == pytest.approx(0.337 - 1 / 3)  # not the fixed 0..1 scale that made it one colour
@@ -254,7 +254,7 @@ def test_heat_map_boxes_the_chosen_placement_even_below_the_top_probability():
     probability: the heat map boxes and stars the chosen cell of each site, not the argmax."""
     from matplotlib.patches import Rectangle
 
-    from autoln.tb import alpha_figure
+    from autoln.core.tb import alpha_figure
 
     probs = np.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]])
     ax = alpha_figure(probs, ["block0", "block1"], ["pre", "post", "deepnorm"], chosen=[1, 2]).axes[0]
@@ -303,7 +303,7 @@ def test_every_json_file_a_search_writes_is_strict(searched):
 
 
 def test_no_json_file_is_written_with_a_writer_that_allows_nan():
-    """Every JSON that autoln writes goes through :func:`autoln.io.write_json_atomic` (NaN as
+    """Every JSON that autoln writes goes through :func:`autoln.core.io.write_json_atomic` (NaN as
     null) or passes ``allow_nan=False``: a ``json.dump`` or a ``json.dumps`` handed to a writer
     without it is how ``reports.json`` came to hold a bare NaN."""
     import ast
@@ -339,8 +339,8 @@ def test_a_console_script_s_help_names_it(script, main, monkeypatch, capsys):
 
 def test_a_misspelt_baseline_names_the_nearest(tmp_path):
     from autoln.config import load_config
-    from autoln.errors import GenotypeError
-    from autoln.run_retrain import resolve_genotype
+    from autoln.core.errors import GenotypeError
+    from autoln.retrain.run_retrain import resolve_genotype
 
     cfg = load_config(TINY)
     with pytest.raises(GenotypeError, match=r"--genotype 'all-pree': no such file, and not a baseline name \(did you mean 'all-pre'\?\)"):
@@ -354,7 +354,7 @@ def test_a_busy_machine_is_said_once_before_the_run(tmp_path, monkeypatch, capsy
     the cores, the threads and the one-thread advice; one thread, or an idle machine: nothing."""
     import torch
 
-    from autoln.resources import busy_line
+    from autoln.models.resources import busy_line
 
     assert busy_line(threads=2, load=5.25, cores=2) == (
         "note: the machine is busy (load 5.2 on 2 cores): with 2 threads this run's threads wait on each other and it may "
@@ -380,7 +380,7 @@ def test_alphas_png_marks_an_overruled_site_and_the_end_of_the_search():
     fine-tuning (to 600) begins."""
     import matplotlib.pyplot as plt
 
-    from autoln.tb import alpha_curves_figure
+    from autoln.core.tb import alpha_curves_figure
 
     cands = ["pre", "post", "deepnorm"]
     history = [(s, [[0.6, 0.3, 0.1], [0.232, 0.741, 0.027]]) for s in (0, 250, 500, 600)]

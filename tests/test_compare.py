@@ -16,7 +16,7 @@ import pytest
 from autoln import cli
 from autoln.cli import CONFIG_SECTIONS, DEFAULT_BASELINES
 from autoln.config import Config
-from autoln.genotype import BASELINES, Genotype
+from autoln.models.genotype import BASELINES, Genotype
 
 from .conftest import ROOT, experiment_script
 
@@ -49,7 +49,7 @@ def test_default_baselines_are_the_registry_and_help_lists_them_and_every_sectio
 
 
 def test_labels_are_unique_and_baselines_keep_their_names():
-    from autoln.compare import labels_for
+    from autoln.retrain.compare import labels_for
 
     assert labels_for(["runs/all-pre/genotype.json", "x/best_genotype.json", "y/x.json", "all-pre"]) == \
         ["all-pre-2", "x", "x-2", "all-pre"]
@@ -58,10 +58,10 @@ def test_labels_are_unique_and_baselines_keep_their_names():
 def test_genotypes_of_different_candidate_lists_compare_but_not_of_different_sizes(tmp_path):
     """Searches over 3 and over 7 candidates give derived models of one size: comparable. A width
     that differs is refused, naming the key."""
-    from autoln.compare import comparison_config
+    from autoln.retrain.compare import comparison_config
     from autoln.config import ModelConfig
-    from autoln.errors import GenotypeError
-    from autoln.genotype import baseline
+    from autoln.core.errors import GenotypeError
+    from autoln.models.genotype import baseline
 
     narrow = baseline("all-post", ModelConfig(), 256)
     wide = Genotype.from_dict({**narrow.to_dict(), "candidates": ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"],
@@ -188,9 +188,9 @@ def test_validation_verdict(searched, best, want):
 def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(tmp_path):
     """A metrics.json cut short (a crash, a full disk) is retrained, not a traceback for every
     later re-run; a damaged compare.json is refused in one line naming it."""
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
-    from autoln.errors import ConfigError
+    from autoln.core.errors import ConfigError
 
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
@@ -208,7 +208,7 @@ def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(
 
 
 def test_a_one_seed_comparison_says_it_is_a_look_and_ties_are_marked(tmp_path):
-    from autoln.compare import ONE_SEED, Entry, write_report
+    from autoln.retrain.compare import ONE_SEED, Entry, write_report
     from autoln.config import load_config
 
     cfg = load_config(TINY, ["logging.tensorboard=false"])
@@ -232,9 +232,9 @@ def test_an_interrupted_run_of_a_comparison_is_continued_from_its_checkpoint(tmp
     """A re-run comparison continues a run cut off at step 3 from its checkpoint (not from step
     0) and gets the uninterrupted run's numbers exactly; a checkpoint made with another config
     cannot be continued, so that run starts again, with a line saying why."""
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
-    from autoln.run_retrain import retrain_reusing, run_retrain
+    from autoln.retrain.run_retrain import retrain_reusing, run_retrain
 
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
@@ -272,7 +272,7 @@ def test_a_comparison_with_two_workers_gets_the_numbers_of_one_at_a_time(tmp_pat
     2-core machine, as this process has), every run's numbers exactly those of one at a time."""
     import os
 
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
 
     text = tmp_path / "text.txt"
@@ -293,9 +293,9 @@ def test_a_genotype_with_the_placements_of_a_finished_run_takes_its_numbers(tmp_
     """A genotype file whose placements equal a finished run's in the comparison folder (here
     all-pre's) is that same retrain: its runs record the finished ones' numbers with
     same_run_as, and a real retrain of the file in a fresh folder gives exactly those numbers."""
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
-    from autoln.genotype import baseline
+    from autoln.models.genotype import baseline
 
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")
@@ -340,7 +340,7 @@ def test_a_run_made_with_other_settings_or_an_incomplete_record_is_redone(tmp_pa
     """compare.json deleted and the comparison re-run at another lr: every run's own config.yaml
     says it was made with the old lr, so each is retrained (not shown under the new header);
     a metrics.json that is valid JSON but lacks a finished run's fields ({}) counts as damaged."""
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
 
     text = tmp_path / "text.txt"
@@ -363,7 +363,7 @@ def test_a_run_made_with_other_settings_or_an_incomplete_record_is_redone(tmp_pa
 def test_the_curves_figure_gives_each_genotype_its_own_line_and_keeps_the_legend_off_the_curves(n):
     from matplotlib.colors import to_hex
 
-    from autoln.compare import Entry, curves_figure
+    from autoln.retrain.compare import Entry, curves_figure
 
     entries = [Entry(f"g{i:02d}", "", runs=[{"history": [{"step": s, "bits_per_byte": 3.0 - i / 100 - s / 1000} for s in (100, 200)]}])
                for i in range(n)]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autoln.config import Config, load_config
-from autoln.errors import ConfigError
+from autoln.core.errors import ConfigError
 
 from .conftest import ROOT
 
@@ -101,14 +101,15 @@ def test_settings_at_the_edge_of_those_rules_are_accepted():
 
 
 def test_r_darts_needs_in_the_config_match_the_monitor():
-    from autoln import config, monitor
+    from autoln import config
+    from autoln.oneshot import monitor
 
     assert config.R_DARTS_MIN_EVALUATIONS == monitor.WINDOW + monitor.DELTA
     assert (config.R_DARTS_LAG, config.R_DARTS_START_FRACTION) == (monitor.LAG, monitor.START_FRACTION)
 
 
 def test_configs_recorded_before_a_key_existed_compare_equal():
-    from autoln.checkpoint import config_differences
+    from autoln.runs.checkpoint import config_differences
     from autoln.config import with_defaults
 
     old = Config().to_dict()
@@ -173,8 +174,8 @@ def test_what_the_user_set_and_cannot_act_is_refused(path, sets, message):
 def test_fixed_affine_fixes_every_norm_of_a_named_baseline():
     """``model.affine=fixed`` is applied to named baselines: every site's norms and the final
     norm have no gain or bias, the genotype says ``:fixed``; ``none`` stays ``none``."""
-    from autoln.genotype import baseline
-    from autoln.model import build_derived
+    from autoln.models.genotype import baseline
+    from autoln.models.model import build_derived
 
     mc = load_config(None, ["model.affine=fixed", "model.n_layers=4"]).model
     for name in ("all-pre", "mix-ln", "all-deepnorm", "all-peri", "all-none"):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig
-from autoln.consensus import vote, votes_markdown
-from autoln.errors import ConfigError
-from autoln.genotype import Genotype, from_probabilities
+from autoln.oneshot.consensus import vote, votes_markdown
+from autoln.core.errors import ConfigError
+from autoln.models.genotype import Genotype, from_probabilities
 
 from .conftest import experiment_script
 from .test_cli import TINY, event_tags, run

@@ -9,7 +9,7 @@ import pytest
 from autoln.config import DataConfig
 from autoln.data import (WindowSampler, arch_split, check_lengths, eval_starts, load_corpus, metrics_from_loss,
                          stdlib_files, tokenize, windows)
-from autoln.errors import DataError
+from autoln.core.errors import DataError
 
 from .conftest import shared_path
 
@@ -300,7 +300,7 @@ def test_bpe_is_trained_on_train_cached_and_reported_in_bits_per_byte(tmp_path, 
 def test_a_retrain_runs_on_token_files_and_on_bpe(tmp_path, kind):
     """End to end: token files report perplexity (bytes unknown), BPE bits per byte."""
     from autoln.config import load_config
-    from autoln.run_retrain import run_retrain
+    from autoln.retrain.run_retrain import run_retrain
 
     from .conftest import ROOT
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig
-from autoln.diagnostics import (SpikeCounter, angular_distance, angular_distances, grad_norms, logits,
+from autoln.models.diagnostics import (SpikeCounter, angular_distance, angular_distances, grad_norms, logits,
                                 residual_norms, update_size)
-from autoln.model import build_derived
+from autoln.models.model import build_derived
 
 
 def model_of(placement: str, n_layers: int = 8, d: int = 32):
@@ -83,8 +83,8 @@ def test_output_change_is_one_sign_step_of_the_final_state(tiny_model_cfg):
     model's weights are untouched, and a supernet's alphas take no step."""
     import copy
 
-    from autoln.diagnostics import output_change
-    from autoln.supernet import Supernet
+    from autoln.models.diagnostics import output_change
+    from autoln.models.supernet import Supernet
 
     x = torch.randint(0, 23, (2, tiny_model_cfg.context))
     y = torch.randint(0, 23, (2, tiny_model_cfg.context))

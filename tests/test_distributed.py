@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from autoln import distributed
-from autoln.errors import ConfigError
+from autoln.core import distributed
+from autoln.core.errors import ConfigError
 
 from .conftest import ROOT
 from .ddp_worker import OVERRIDES
@@ -44,8 +44,8 @@ def test_two_processes_hold_identical_alphas_and_weights_and_write_once(tmp_path
     # the same runs in one process, dropout 0.2 included: same batches (each rank took half of
     # each) and the same dropout masks (each rank applied its half of the whole batch's), same result
     from autoln.config import load_config
-    from autoln.run_retrain import run_retrain
-    from autoln.run_search import run_search
+    from autoln.retrain.run_retrain import run_retrain
+    from autoln.oneshot.run_search import run_search
 
     os.environ["XDG_CACHE_HOME"] = cache_dir
     cfg = load_config(TINY, OVERRIDES)

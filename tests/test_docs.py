@@ -78,11 +78,11 @@ def test_markdown_links_resolve_inside_the_repository():
 def test_the_configuration_reference_is_current_and_complete():
     """docs/configuration.md is what the config dataclasses generate: every key with its default
     and a meaning (a key added without one fails here)."""
-    from autoln.config_reference import reference_markdown
+    from autoln.config.reference import reference_markdown
 
     text = reference_markdown()  # raises KeyError for a key without a meaning
     assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == text, \
-        "docs/configuration.md is stale: run python -m autoln.config_reference --write docs/configuration.md"
+        "docs/configuration.md is stale: run python -m autoln.config.reference --write docs/configuration.md"
     assert "| `search.steps` | `500` |" in text and "| `retrain.steps` | `1000` |" in text and "| `model.residual_init` | `scaled` |" in text
 
 

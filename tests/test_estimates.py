@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
-import autoln.run_retrain as rr
-import autoln.run_search as rs
+import autoln.retrain.run_retrain as rr
+import autoln.oneshot.run_search as rs
 from autoln.config import load_config
 from autoln.data import estimate_starts, estimate_text, eval_starts
 
@@ -77,9 +77,9 @@ def test_the_search_s_supernet_valid_carries_its_error(tmp_path, capsys):
 
 
 def test_time_left_is_the_work_left_at_the_rate_so_far():
-    """:class:`autoln.training.TimeLeft`: a run resumed at step 100 of 500 that reaches step 200
+    """:class:`autoln.runs.training.TimeLeft`: a run resumed at step 100 of 500 that reaches step 200
     after 10 s has 300 steps left at 10 steps/s: 30 s, in tqdm's format; a bound says so."""
-    from autoln.training import TimeLeft
+    from autoln.runs.training import TimeLeft
 
     now = [50.0]
     eta = TimeLeft(100, 500, clock=lambda: now[0])

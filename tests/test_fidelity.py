@@ -13,10 +13,10 @@ import torch
 
 from autoln.config import ModelConfig
 from autoln.data import eval_starts
-from autoln.fidelity import kendall_tau, one_hot_mixing, sample_genotypes, score_genotypes
-from autoln.model import build_derived
-from autoln.supernet import Supernet
-from autoln.training import evaluate
+from autoln.oneshot.fidelity import kendall_tau, one_hot_mixing, sample_genotypes, score_genotypes
+from autoln.models.model import build_derived
+from autoln.models.supernet import Supernet
+from autoln.runs.training import evaluate
 
 from .conftest import ROOT, experiment_script
 
@@ -188,8 +188,8 @@ def test_a_search_read_off_by_genotype_scores(tmp_path, cache_dir):
     one-hot on the selection windows, the lowest exported, its score the supernet's loss."""
     from autoln.config import load_config
     from autoln.data import WindowSampler, arch_split, load_corpus
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search
 
     corpus_file = tmp_path / "text.txt"
     corpus_file.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")

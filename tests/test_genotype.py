@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from autoln.config import ModelConfig
-from autoln.errors import GenotypeError
-from autoln.genotype import Genotype, baseline, from_probabilities
+from autoln.core.errors import GenotypeError
+from autoln.models.genotype import Genotype, baseline, from_probabilities
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_uniform_baselines_and_unknown_name():
 
 def test_baselines_of_every_candidate_and_gain_form():
     from autoln.config import ModelConfig
-    from autoln.genotype import BASELINES, baseline, is_baseline
+    from autoln.models.genotype import BASELINES, baseline, is_baseline
 
     assert {"all-peri", "all-outnorm", "all-lns", "all-none"} <= set(BASELINES)
     cfg = ModelConfig(n_layers=4)

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from autoln.architect import Architect, weight_step
+from autoln.oneshot.architect import Architect, weight_step
 from autoln.config import ModelConfig, SearchConfig, load_config
-from autoln.model import build_derived, full_precision
-from autoln.monitor import alpha_hessian
-from autoln.supernet import Supernet
-from autoln.training import autocast_dtype, evaluate, prepare_model, weight_optimizer
+from autoln.models.model import build_derived, full_precision
+from autoln.oneshot.monitor import alpha_hessian
+from autoln.models.supernet import Supernet
+from autoln.runs.training import autocast_dtype, evaluate, prepare_model, weight_optimizer
 
 from .conftest import ROOT
 

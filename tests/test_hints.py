@@ -10,7 +10,7 @@ import pytest
 from autoln.cli import retrain_main, search_main, set_hint
 from autoln.config import load_config
 from autoln.data import load_corpus
-from autoln.errors import DataError
+from autoln.core.errors import DataError
 
 
 @pytest.mark.parametrize("main, argv, want", [

@@ -14,7 +14,7 @@ import pytest
 
 from autoln.cli import retrain_main, search_main
 from autoln.config import ModelConfig
-from autoln.genotype import baseline
+from autoln.models.genotype import baseline
 
 from .conftest import ROOT
 

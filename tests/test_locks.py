@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoln.errors import FolderInUse, OutputError
-from autoln.locks import LOCK_FILE, FolderLock
+from autoln.core.errors import FolderInUse, OutputError
+from autoln.core.locks import LOCK_FILE, FolderLock
 
 from .conftest import ROOT
 

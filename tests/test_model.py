@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from autoln.architect import Architect, weight_step
+from autoln.oneshot.architect import Architect, weight_step
 from autoln.config import ModelConfig, SearchConfig
-from autoln.genotype import baseline
-from autoln.model import build_derived
-from autoln.placements import deepnorm_constants
-from autoln.supernet import Supernet, site_names
-from autoln.training import weight_optimizer
+from autoln.models.genotype import baseline
+from autoln.models.model import build_derived
+from autoln.space.placements import deepnorm_constants
+from autoln.models.supernet import Supernet, site_names
+from autoln.runs.training import weight_optimizer
 
 VOCAB = 23
 
@@ -256,7 +256,7 @@ def test_fixed_gains_leave_no_trainable_norm_gain_or_bias(tiny_model_cfg):
 def test_searched_gain_forms_give_a_genotype_whose_model_has_exactly_that_mix(tiny_model_cfg):
     import numpy as np
 
-    from autoln.genotype import Genotype, from_probabilities
+    from autoln.models.genotype import Genotype, from_probabilities
 
     cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "candidates": ["pre", "post"], "affine": "search"})
     cands = cfg.searched_candidates()
@@ -276,8 +276,8 @@ def test_retrain_builds_the_searched_gain_forms(tmp_path, monkeypatch, cache_dir
     import numpy as np
 
     from autoln.config import load_config
-    from autoln.genotype import from_probabilities
-    from autoln.run_retrain import run_retrain
+    from autoln.models.genotype import from_probabilities
+    from autoln.retrain.run_retrain import run_retrain
 
     from .conftest import ROOT
 

@@ -11,9 +11,9 @@ import torch
 
 from autoln.config import ModelConfig, load_config
 from autoln.data import Corpus, load_corpus
-from autoln.model import build_derived
-from autoln.placements import deepnorm_constants
-from autoln.run_retrain import run_retrain
+from autoln.models.model import build_derived
+from autoln.space.placements import deepnorm_constants
+from autoln.retrain.run_retrain import run_retrain
 
 from .conftest import ROOT
 
@@ -88,8 +88,8 @@ def test_unigram_plateau_is_the_cross_entropy_of_the_frequencies():
 
 
 def test_a_search_that_learnt_nothing_says_so(tmp_path, monkeypatch, capsys, cache_dir):
-    from autoln.genotype import Genotype
-    from autoln.run_search import run_search
+    from autoln.models.genotype import Genotype
+    from autoln.oneshot.run_search import run_search
 
     monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
     common = ["search.steps=6", "search.arch_warmup_steps=2", "search.eval_every=6", "search.eval_windows=4",

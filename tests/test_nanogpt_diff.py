@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import autoln
-from autoln.placements import deepnorm_constants
+from autoln.space.placements import deepnorm_constants
 
 from .conftest import ROOT
 

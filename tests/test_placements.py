@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autoln.placements import NORMS, PLACEMENTS, build_placement, deepnorm_constants, parse_name, scaled_norm
+from autoln.space.placements import NORMS, PLACEMENTS, build_placement, deepnorm_constants, parse_name, scaled_norm
 
 
 @pytest.mark.parametrize("n, a, b", [(6, 1.861, 0.380), (12, 2.213, 0.320)])

@@ -1,4 +1,4 @@
-"""The race (autoln.race: the rule; autoln.run_race: search.py's race on an Optuna study;
+"""The race (autoln.race.rule: the rule; autoln.race.run_race: search.py's race on an Optuna study;
 autoln.race_genotypes: a user's model): a rule counted by hand, rigged evaluations, a stop and
 resume, two workers on one storage."""
 
@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from autoln import cli, run_race
+from autoln import cli
+from autoln.race import run_race
 from autoln.config import load_config
-from autoln.genotype import Genotype
-from autoln.race import Entry, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
-from autoln.run_search import run_search
+from autoln.models.genotype import Genotype
+from autoln.race.rule import Entry, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
+from autoln.oneshot.run_search import run_search
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -268,7 +269,7 @@ def test_two_workers_on_one_storage_run_each_retrain_once(searched, whole):
 
 
 def test_race_settings_are_checked_by_name(tmp_path):
-    from autoln.errors import ConfigError
+    from autoln.core.errors import ConfigError
 
     for key, value, words in (("race.final_seeds", 1, "race.final_seeds must be at least 2"),
                               ("race.eta", 1, "race.eta must be at least 2"), ("race.level", 1.5, "race.level must be in (0, 1)")):
@@ -334,7 +335,7 @@ def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
 
     import autoln
     from autoln.api import searchable_sites
-    from autoln.errors import GenotypeError
+    from autoln.core.errors import GenotypeError
 
     cands = ("pre", "post")
 
@@ -348,7 +349,7 @@ def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
     for bad, error, words in ((dict(searched=None), GenotypeError, "searched: expected an autoln.SiteGenotype"),
                               (dict(searched=[good]), GenotypeError, "searched: expected"),
                               (dict(searched=good, baselines="mix-ln"), ValueError, "baselines: expected a list of names"),
-                              (dict(searched=good, rule={"eta": 2}), ValueError, "rule: expected an autoln.race.RaceRule"),
+                              (dict(searched=good, rule={"eta": 2}), ValueError, "rule: expected an autoln.race.rule.RaceRule"),
                               (dict(searched=good, values={"x": 1.0}), ValueError, "values: expected")):
         with pytest.raises(error, match=words):
             autoln.race_genotypes(build, **bad, **kw)
@@ -362,7 +363,7 @@ def test_race_genotypes_refuses_bad_arguments_before_any_training(tmp_path):
     out = autoln.race_genotypes(build, str(tmp_path / "g.json"), train=lambda m, s, n: None, evaluate=lambda m: 1.0, steps=9,
                                 progress=False)
     assert out.verdict.answer.name == "all-pre"  # every value equal: no searched genotype beats the own placement
-    from autoln.errors import DivergenceError
+    from autoln.core.errors import DivergenceError
 
     with pytest.raises(DivergenceError, match="every finalist of the race diverged"):
         autoln.race_genotypes(build, good, train=lambda m, s, n: None, evaluate=lambda m: float("nan"), steps=9, progress=False)
@@ -397,7 +398,7 @@ def test_most_steps_is_the_work_of_a_race_whose_searched_finalist_leads_at_every
     """The bound behind the race's time left: 5 searched and 5 named entries at (1000, eta 3,
     3 rungs) take 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 steps when no final stops early,
     and fewer when the searched finalist is behind at seed 0."""
-    from autoln.race import most_steps, steps_done
+    from autoln.race.rule import most_steps, steps_done
 
     entries = [Entry(f"s{i}", f"s{i}", "searched") for i in range(5)] + [Entry("all-pre", "p", "named", True)] \
         + [Entry(f"n{i}", f"n{i}", "named") for i in range(4)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig
-from autoln.model import build_derived
+from autoln.models.model import build_derived
 
 from .conftest import ROOT
 
@@ -94,7 +94,7 @@ def test_the_reference_start_has_autoln_s_statistics_matrix_by_matrix(start):
 
 def test_the_reference_recipe_is_retrain_s_defaults():
     from autoln.config import RetrainConfig
-    from autoln.training import lr_factor
+    from autoln.runs.training import lr_factor
 
     r, cfg = ref.RECIPE, RetrainConfig()
     for key in ("steps", "batch_size", "lr", "weight_decay", "warmup_steps", "min_lr_ratio", "grad_clip", "final_eval_windows"):

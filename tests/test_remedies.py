@@ -22,8 +22,8 @@ import pytest
 
 from autoln import cli
 from autoln.config import load_config
-from autoln.errors import ConfigError
-from autoln.model import TransformerLM
+from autoln.core.errors import ConfigError
+from autoln.models.model import TransformerLM
 
 from .conftest import ROOT
 
@@ -244,7 +244,7 @@ def test_the_pip_command_of_a_missing_extra_installs_into_this_venv_from_any_fol
     import tomllib
 
     from autoln.data import load_corpus
-    from autoln.errors import DataError
+    from autoln.core.errors import DataError
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     cfg = load_config(TINY, ["data.corpus=wikitext-2"])
@@ -328,7 +328,7 @@ def test_out_of_memory_in_a_run_of_a_default_folder_continues_as_printed(work, c
 
 def test_a_stop_signal_in_a_run_of_a_default_folder_continues_as_printed(work, corpus, monkeypatch, capsys):
     """SIGTERM after step 1 (no --out): ``continue with:`` names --resume and the folder."""
-    from autoln.checkpoint import StopSignals
+    from autoln.runs.checkpoint import StopSignals
 
     args = started(monkeypatch, "retrain.py", [*common(corpus), "--genotype", "all-pre", *SHORT_RETRAIN,
                                                "--set", "retrain.steps=4"])
@@ -353,8 +353,8 @@ def test_a_stopped_set_of_seeds_goes_on_as_printed_keeping_its_finished_seeds(st
     (or "--resume") without the command."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from autoln import consensus
-    from autoln.checkpoint import StopSignals
+    from autoln.oneshot import consensus
+    from autoln.runs.checkpoint import StopSignals
 
     args = started(monkeypatch, "search.py", ["--seeds", "2", *common(corpus), *SHORT_SEARCH, "--out", "seeds", "--overwrite"])
     search_one = consensus._search_one

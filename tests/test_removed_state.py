@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 from autoln import cli
-from autoln.commands import command_line
-from autoln.errors import OutputError
-from autoln.locks import LOCK_FILE, FolderLock
+from autoln.core.commands import command_line
+from autoln.core.errors import OutputError
+from autoln.core.locks import LOCK_FILE, FolderLock
 
 from .conftest import ROOT
 
@@ -69,7 +69,7 @@ def search(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
 def at_evaluation(monkeypatch, folder_part: str, step: int, action) -> None:
     """Run ``action()`` after the evaluation of ``step`` (its checkpoint written) of the first
     search whose folder's path ends with ``folder_part``, once."""
-    import autoln.run_search as rs
+    import autoln.oneshot.run_search as rs
 
     original, done = rs.run_search, []
 
@@ -227,7 +227,7 @@ def test_a_checkpoint_removed_between_two_writes_is_written_again(tmp_path, corp
     import torch
 
     from autoln.config import load_config
-    from autoln.run_search import run_search
+    from autoln.oneshot.run_search import run_search
 
     out = tmp_path / "s"
     cfg = load_config(TINY, overrides(corpus))
@@ -268,7 +268,7 @@ def test_a_removed_lock_file_is_recreated_and_a_folder_taken_meanwhile_stops_the
     naming the holder and the last good checkpoint, and leaves the other's lock file alone
     (today: the run goes on beside the other command, and its release deletes the other's lock)."""
     from autoln.config import load_config
-    from autoln.run_search import run_search
+    from autoln.oneshot.run_search import run_search
 
     cfg = load_config(TINY, overrides(corpus))
     out = tmp_path / "free"

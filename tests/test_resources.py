@@ -8,14 +8,15 @@ import sys
 import pytest
 import torch
 
-from autoln import cli, run_retrain as rr
+from autoln import cli
+from autoln.retrain import run_retrain as rr
 from autoln.config import ModelConfig
-from autoln.errors import ConfigError
-from autoln.genotype import baseline
-from autoln.model import build_derived
-from autoln.placements import branch_calls
-from autoln.resources import GIB, SLOW_FACTOR, check_fits, check_time, estimate, is_out_of_memory, parameter_count, step_flops
-from autoln.supernet import Supernet
+from autoln.core.errors import ConfigError
+from autoln.models.genotype import baseline
+from autoln.models.model import build_derived
+from autoln.space.placements import branch_calls
+from autoln.models.resources import GIB, SLOW_FACTOR, check_fits, check_time, estimate, is_out_of_memory, parameter_count, step_flops
+from autoln.models.supernet import Supernet
 
 from .conftest import ROOT
 
@@ -154,7 +155,7 @@ def test_the_retrain_time_estimate_follows_the_config_s_size():
     cores (within 10 %), and the tiny --compare of 10 genotypes x 3 seeds, measured at 62 s,
     within 3x (the estimate the next: line prints after a tiny retrain)."""
     from autoln.config import load_config
-    from autoln.resources import retrain_seconds
+    from autoln.models.resources import retrain_seconds
 
     default = load_config(None)
     assert retrain_seconds(default.model, 256, default.retrain) == pytest.approx(114, rel=0.1)

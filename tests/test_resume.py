@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoln import run_retrain as rr
-from autoln import run_search as rs
+from autoln.retrain import run_retrain as rr
+from autoln.oneshot import run_search as rs
 from autoln.config import load_config
-from autoln.errors import ConfigError, DataError, DivergenceError
-from autoln.model import TransformerLM
+from autoln.core.errors import ConfigError, DataError, DivergenceError
+from autoln.models.model import TransformerLM
 
 from .conftest import ROOT
 
@@ -231,7 +231,7 @@ def test_divergence_through_the_command_line(tmp_path):
 
 def test_usage_errors_are_one_line_and_huge_numbers_stay_short():
     from autoln.cli import number, retrain_main
-    from autoln.monitor import max_eigenvalue
+    from autoln.oneshot.monitor import max_eigenvalue
 
     with pytest.raises(SystemExit) as exc:
         retrain_main(["--genotype", "all-pre", "--resume"])
@@ -259,7 +259,7 @@ def test_search_resumed_from_its_last_step_redoes_the_selection_exactly(tmp_path
 
 SLOW_STEP = """
 import sys, torch
-import autoln.run_search as rs
+import autoln.oneshot.run_search as rs
 from autoln.cli import search_main
 plain = rs.weight_step
 def slow(*args, **kwargs):
@@ -306,7 +306,7 @@ def test_a_second_sigint_ends_a_run_at_once_even_inside_a_long_step(tmp_path):
 
 SLOW_SET_UP = """
 import sys, time
-import autoln.run_retrain as rr
+import autoln.retrain.run_retrain as rr
 from autoln.cli import retrain_main
 plain = rr.snapshot
 def slow(*args, **kwargs):  # the initial diagnostics, before the first step, made slow
@@ -340,7 +340,7 @@ def test_a_signal_during_set_up_stops_before_the_first_step_and_says_there_is_no
 def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
     """The hint printed on a stop is a command to paste: the same arguments, no --overwrite, with
     --resume and --out; a command of several jobs is re-run as it was."""
-    from autoln.commands import resume_command
+    from autoln.core.commands import resume_command
 
     monkeypatch.setattr(sys, "argv", ["search.py", "--config", "my config.yaml", "--overwrite"])
     line = resume_command(Path("runs/a"))
@@ -364,7 +364,7 @@ def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
 def test_a_half_written_checkpoint_left_by_a_killed_process_is_removed(tmp_path):
     """A process killed while writing its checkpoint leaves the atomic write's temporary file
     (``.checkpoint.pt.<random>.tmp``); the next run on that folder removes it, and nothing else."""
-    from autoln.checkpoint import Checkpointer
+    from autoln.runs.checkpoint import Checkpointer
 
     stale = tmp_path / ".checkpoint.pt.f57d_q8n.tmp"
     stale.write_bytes(b"half a checkpoint")
@@ -418,7 +418,7 @@ def test_a_new_event_file_waits_past_the_second_of_those_already_there(tmp_path)
     counter compared as text. A new file waits out the current second when a file of that second
     is there (the rest of it: 0.7 s at 100.3), and not at all for an older one or one of a later
     second (a clock set back)."""
-    from autoln.tb import wait_past_event_files
+    from autoln.core.tb import wait_past_event_files
 
     (tmp_path / "events.out.tfevents.0000000100.host.1.9").write_bytes(b"")
     slept = []
@@ -438,7 +438,7 @@ def test_a_resumed_logger_right_after_the_first_is_read_after_it(tmp_path, monke
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.summary.writer import event_file_writer
 
-    from autoln.tb import Logger
+    from autoln.core.tb import Logger
 
     monkeypatch.setattr(event_file_writer._global_uid, "_value", 9)
     with Logger(tmp_path) as log:
@@ -490,7 +490,7 @@ def test_a_corpus_moved_with_the_same_bytes_resumes_and_another_is_refused(tmp_p
 
 
 def test_a_checkpoint_without_a_fingerprint_cannot_take_a_moved_corpus(tmp_path):
-    from autoln.checkpoint import moved_corpus
+    from autoln.runs.checkpoint import moved_corpus
 
     cfg = load_config(TINY, ["data.corpus=stdlib"])
     diffs = ["data.corpus (checkpoint /old/x.txt, now stdlib)", "retrain.lr (checkpoint 0.002, now 0.01)"]
@@ -500,9 +500,9 @@ def test_a_checkpoint_without_a_fingerprint_cannot_take_a_moved_corpus(tmp_path)
 
 
 def test_a_finished_search_is_reused_where_its_corpus_moved_with_its_bytes(tmp_path):
-    from autoln.consensus import check_same_search
+    from autoln.oneshot.consensus import check_same_search
     from autoln.data import load_corpus
-    from autoln.genotype import baseline
+    from autoln.models.genotype import baseline
 
     text = (ROOT / "README.md").read_text(encoding="utf-8") * 2
     old, new, other = tmp_path / "old.txt", tmp_path / "new.txt", tmp_path / "other.txt"
@@ -524,7 +524,7 @@ def test_sighup_stops_a_run_as_sigterm_does(tmp_path):
     """A closed terminal or ssh session (SIGHUP): the step finishes, its checkpoint is written and
     the resume command printed, exit 129; the other catchable signals that end a process by
     default are in the same table."""
-    from autoln.signals import STOP_SIGNALS
+    from autoln.core.signals import STOP_SIGNALS
 
     assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGXCPU,
             signal.SIGALRM} == set(STOP_SIGNALS)

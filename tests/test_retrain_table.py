@@ -138,7 +138,7 @@ def test_win_share_counts_pairs_with_ties_as_half():
 
 
 def test_a_restored_row_is_reused_by_run_compare_instead_of_retraining(tmp_path, cache_dir, monkeypatch):
-    from autoln.compare import run_compare
+    from autoln.retrain.compare import run_compare
     from autoln.config import load_config
 
     monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
@@ -151,7 +151,7 @@ def test_a_restored_row_is_reused_by_run_compare_instead_of_retraining(tmp_path,
     assert rows[0].valid == first[0].runs[0]["valid"]["bits_per_byte"]  # to the last bit
     assert table.restore_runs(rows, "shallow", cfg, tmp_path / "b") == 2  # by placements, and as the baseline's own folder
     trained = []
-    monkeypatch.setattr("autoln.compare.retrain_one", lambda *a: trained.append(a))
+    monkeypatch.setattr("autoln.retrain.compare.retrain_one", lambda *a: trained.append(a))
     again = run_compare(cfg, [], ["all-post"], 1, tmp_path / "b")
     assert trained == [] and again[0].runs[0]["valid"]["bits_per_byte"] == rows[0].valid
     other = load_config(str(ROOT / "configs" / "tiny.yaml"), ["retrain.steps=12", "retrain.lr=1e-4"])
@@ -196,14 +196,14 @@ def test_dependable_and_horizon_commands_on_the_tiny_config(tmp_path, cache_dir,
     assert sorted({r.steps for r in table.read_table(path)}) == [12, 24]
     before = len(table.read_table(path))
     trained = []
-    monkeypatch.setattr("autoln.compare.retrain_one", lambda *a: trained.append(a))
+    monkeypatch.setattr("autoln.retrain.compare.retrain_one", lambda *a: trained.append(a))
     assert dependable.main([*common, "--method", "default", "--search-seeds", "0,1"]) == 0  # all reused
     assert trained == [] and len(table.read_table(path)) == before
     capsys.readouterr()
 
 
 def test_the_race_replay_draws_the_ground_truth_sample_and_no_searched_genotype():
-    from autoln.fidelity import sample_genotypes
+    from autoln.oneshot.fidelity import sample_genotypes
 
     cands = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
     stream = [" ".join(g) for g in sample_genotypes(5, 6, cands, 0)]
@@ -219,9 +219,9 @@ def test_the_check_run_runs_the_simulated_race_for_real_and_agrees_where_the_ret
     values) runs job by job until the plan is done, finds the simulated answer and every value."""
     from argparse import Namespace
 
-    from autoln import race as R
-    from autoln.genotype import baseline
-    from autoln.run_race import job_config, named_specs, rule_of
+    from autoln.race import rule as R
+    from autoln.models.genotype import baseline
+    from autoln.race.run_race import job_config, named_specs, rule_of
 
     cfg = race_replay.setting_config("shallow", TINY_ARGS[3::2], str(ROOT / "configs" / "tiny.yaml"))
     cands, n, full, fp = cfg.model.searched_candidates(), cfg.model.n_layers, cfg.retrain.steps, "f" * 12

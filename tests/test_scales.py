@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig, load_config
-from autoln.model import Site, candidate_scales, output_scales
-from autoln.run_search import run_search
-from autoln.supernet import Supernet
+from autoln.models.model import Site, candidate_scales, output_scales
+from autoln.oneshot.run_search import run_search
+from autoln.models.supernet import Supernet
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -74,7 +74,7 @@ def test_scales_do_not_change_the_supernet_s_output():
 
 
 def test_common_scale_brings_each_candidate_to_the_weighted_rms():
-    from autoln.model import common_scale_mix
+    from autoln.models.model import common_scale_mix
 
     a, b = torch.full((1, 2, 4), 0.03), torch.full((1, 2, 4), 1.0)  # a raw stream and a normalised one
     w = torch.tensor([0.25, 0.75])
@@ -86,7 +86,7 @@ def test_common_scale_brings_each_candidate_to_the_weighted_rms():
 
 @pytest.mark.parametrize("choice", ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none", "mixed"])
 def test_one_hot_common_scale_supernet_equals_the_derived_model(choice):
-    from autoln.model import build_derived
+    from autoln.models.model import build_derived
 
     wide = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
     cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, candidates=wide, granularity="sublayer")
@@ -111,7 +111,7 @@ def test_common_scale_is_a_search_setting_of_both_supernets(tmp_path):
     import sys
 
     from autoln.config import CANDIDATE_SCALES
-    from autoln.model import CANDIDATE_SCALES as SITE_SCALES
+    from autoln.models.model import CANDIDATE_SCALES as SITE_SCALES
 
     assert CANDIDATE_SCALES == SITE_SCALES
     net = Supernet(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_ff=16, context=4), 5, candidate_scale="common")
@@ -133,7 +133,7 @@ def test_common_scale_is_a_search_setting_of_both_supernets(tmp_path):
 
 
 def test_stream_groups_split_the_seven_candidates_as_the_issue_names_them():
-    from autoln.placements import stream_groups
+    from autoln.space.placements import stream_groups
 
     seven = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
     assert stream_groups(seven) == {"unnormalised": ["pre", "peri", "outnorm", "lns", "none"], "normalised": ["post", "deepnorm"]}
@@ -145,7 +145,7 @@ def test_stream_groups_split_the_seven_candidates_as_the_issue_names_them():
 
 @pytest.mark.parametrize("name", ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"])
 def test_a_placement_normalises_the_stream_exactly_when_its_output_is_a_norm_s(name):
-    from autoln.placements import PLACEMENTS, build_placement
+    from autoln.space.placements import PLACEMENTS, build_placement
 
     torch.manual_seed(0)
     placement = build_placement(name, 16, 4, "layernorm", layer=2)
@@ -159,8 +159,8 @@ def test_a_placement_normalises_the_stream_exactly_when_its_output_is_a_norm_s(n
 
 @pytest.mark.parametrize("stream", ["unnormalised", "normalised"])
 def test_one_hot_sub_supernet_of_each_stream_equals_the_derived_model(stream):
-    from autoln.model import build_derived
-    from autoln.placements import stream_groups
+    from autoln.models.model import build_derived
+    from autoln.space.placements import stream_groups
 
     group = stream_groups(["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"])[stream]
     cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8, candidates=group, granularity="sublayer")

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from autoln.config import RetrainConfig, load_config
-from autoln.errors import ConfigError
-from autoln.training import lr_factor
+from autoln.core.errors import ConfigError
+from autoln.runs.training import lr_factor
 
 
 def test_warmup_is_linear_and_reaches_the_peak():

@@ -11,11 +11,11 @@ import torch
 import autoln
 from autoln.api import SearchModel
 from autoln.config import load_config
-from autoln.errors import OutputError
+from autoln.core.errors import OutputError
 from autoln.data import WindowSampler, arch_split, eval_batches, load_corpus
-from autoln.model import TransformerLM
-from autoln.run_search import run_search
-from autoln.training import seed_everything
+from autoln.models.model import TransformerLM
+from autoln.oneshot.run_search import run_search
+from autoln.runs.training import seed_everything
 
 from .conftest import ROOT
 
@@ -170,7 +170,7 @@ def test_search_model_groups_tie_sites_to_one_row_and_refuse_what_does_not_cover
 ])
 def test_autoln_search_refuses_bad_input_in_one_line_before_any_step(tmp_path, kwargs, message):
     from autoln.config import SearchConfig
-    from autoln.errors import AutolnError
+    from autoln.core.errors import AutolnError
 
     cfg = load_config(TINY, [])
     corpus = load_corpus(cfg.data)
@@ -191,7 +191,7 @@ def test_autoln_search_refuses_bad_input_in_one_line_before_any_step(tmp_path, k
 def test_an_interrupted_autoln_search_names_the_call_that_continues_it(tmp_path):
     import signal
 
-    from autoln.checkpoint import Interrupted
+    from autoln.runs.checkpoint import Interrupted
 
     def term_at_20(step, metrics):
         if step == 20:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from autoln.config import ModelConfig
-from autoln.genotype import from_probabilities
-from autoln.selection import clear_winner, loss_rises, perturbation_select
-from autoln.supernet import Supernet
+from autoln.models.genotype import from_probabilities
+from autoln.oneshot.selection import clear_winner, loss_rises, perturbation_select
+from autoln.models.supernet import Supernet
 
 VOCAB = 11
 
@@ -97,7 +97,7 @@ def _separable_loss(cost: torch.Tensor):
 
 
 def test_score_selection_is_exhaustive_on_a_small_space(tiny_model_cfg):
-    from autoln.selection import score_select
+    from autoln.oneshot.selection import score_select
 
     net = Supernet(tiny_model_cfg, 23)
     cost = torch.tensor([[3.0, 1.0, 2.0], [0.5, 2.0, 1.0], [2.0, 2.0, 0.1]])  # best: post pre deepnorm
@@ -113,7 +113,7 @@ def test_score_selection_evolves_on_a_large_space(tiny_model_cfg):
     """3^8 = 6561 genotypes (sublayer sites of 4 blocks) > 4096: SPOS's evolution, 50 x 20 at
     most, finds the optimum of a separable loss and is reproducible."""
     from autoln.config import ModelConfig
-    from autoln.selection import score_select
+    from autoln.oneshot.selection import score_select
 
     cfg = ModelConfig(**{**tiny_model_cfg.__dict__, "n_layers": 4, "granularity": "sublayer"})
     net = Supernet(cfg, 23)
@@ -130,8 +130,8 @@ def test_sigmoid_weights_below_float32_give_finite_probabilities_and_a_loadable_
     """Alphas near -120 under sigmoid mixing: each weight underflows float32, yet the
     probabilities are sigmoid(a) / sum sigmoid(a) = softmax(a) there, finite, and the genotype
     written from them loads. A genotype that its loader would refuse is never written."""
-    from autoln.errors import GenotypeError
-    from autoln.genotype import Genotype
+    from autoln.core.errors import GenotypeError
+    from autoln.models.genotype import Genotype
 
     net = Supernet(tiny_model_cfg, VOCAB, mixing="sigmoid")
     with torch.no_grad():

@@ -8,8 +8,8 @@ import csv
 import pytest
 from scipy.stats import kendalltau
 
-import autoln.compare
-from autoln.fidelity import sample_genotypes
+import autoln.retrain.compare
+from autoln.oneshot.fidelity import sample_genotypes
 
 from .conftest import ROOT, experiment_script, shared_path
 
@@ -26,7 +26,7 @@ def test_the_ceiling_is_tau_of_the_sample_s_first_twenty_at_seeds_0_and_1_read_f
     def refuse(*a, **k):
         raise AssertionError("the ceiling retrained a genotype the table holds")
 
-    monkeypatch.setattr(autoln.compare, "retrain_one", refuse)
+    monkeypatch.setattr(autoln.retrain.compare, "retrain_one", refuse)
     args = argparse.Namespace(config=None, overrides=[f"data.cache_dir={tmp_path / 'cache'}"], data=str(corpus),
                               table=TABLE, out=str(tmp_path / "runs"))
     tau, n = fid.noise_ceiling(20, args)

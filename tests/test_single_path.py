@@ -10,11 +10,12 @@ import json
 import pytest
 import torch
 
-from autoln.architect import WEIGHT_STEPS, fair_step, single_paths, spos_step
-from autoln.config import ConfigError, ModelConfig, SearchConfig, load_config
-from autoln.model import build_derived
-from autoln.supernet import Supernet
-from autoln.training import seed_everything, weight_optimizer
+from autoln.oneshot.architect import WEIGHT_STEPS, fair_step, single_paths, spos_step
+from autoln.core.errors import ConfigError
+from autoln.config import ModelConfig, SearchConfig, load_config
+from autoln.models.model import build_derived
+from autoln.models.supernet import Supernet
+from autoln.runs.training import seed_everything, weight_optimizer
 
 from .conftest import ROOT
 
@@ -85,7 +86,7 @@ def test_weight_mode_registry_and_config():
 
 @pytest.mark.parametrize("mode", ["fair", "spos"])
 def test_search_py_trains_single_path_and_reads_off_by_score(tmp_path, mode):
-    from autoln.run_search import run_search
+    from autoln.oneshot.run_search import run_search
 
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), ["logging.progress=false", "logging.tensorboard=false",
                                                             f"search.weight_mode={mode}", "search.arch_lr=0", "search.selection=score",

@@ -79,7 +79,7 @@ def no_temporaries(folder: Path) -> None:
     assert not [p.name for p in folder.rglob(".*.tmp")]
 
 
-# every writer of autoln.io, one subprocess: the library's exception becomes OSError(EFBIG, file)
+# every writer of autoln.core.io, one subprocess: the library's exception becomes OSError(EFBIG, file)
 WRITERS = textwrap.dedent("""
     import errno, json, resource, sys
     import numpy as np, torch
@@ -87,8 +87,8 @@ WRITERS = textwrap.dedent("""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from pathlib import Path
-    from autoln import io
-    from autoln.tb import Logger
+    from autoln.core import io
+    from autoln.core.tb import Logger
     out = Path(sys.argv[1])
     src = out / "src.bin"
     src.write_bytes(b"x" * 10000)
@@ -140,10 +140,10 @@ def test_every_writer_reports_a_file_size_limit_as_an_oserror_naming_its_file_an
 
 
 @pytest.mark.parametrize("module, attr, nth, file", [
-    ("autoln.checkpoint", "save", 2, "checkpoint.pt"),   # torch.save's RuntimeError; the first checkpoint is kept
-    ("autoln.tb", "Logger.scalar", 40, "events.out.tfevents"),  # TensorBoard's writer thread
-    ("autoln.io", "save_figure_atomic", 1, "alphas.png"),  # matplotlib (imported where it is used)
-    ("autoln.genotype", "write_json_atomic", 1, "genotype.json"),
+    ("autoln.runs.checkpoint", "save", 2, "checkpoint.pt"),   # torch.save's RuntimeError; the first checkpoint is kept
+    ("autoln.core.tb", "Logger.scalar", 40, "events.out.tfevents"),  # TensorBoard's writer thread
+    ("autoln.core.io", "save_figure_atomic", 1, "alphas.png"),  # matplotlib (imported where it is used)
+    ("autoln.models.genotype", "write_json_atomic", 1, "genotype.json"),
 ])
 def test_a_search_out_of_space_at_a_writer_says_one_line_keeps_its_checkpoint_and_resumes(module, attr, nth, file, tmp_path):
     out = tmp_path / "run"
@@ -165,7 +165,7 @@ def test_a_retrain_out_of_space_at_metrics_json_says_one_line_and_resumes(tmp_pa
     out = tmp_path / "retrain"
     args = ["--config", TINY, "--genotype", "all-pre", "--set", "retrain.steps=20", "--set", "retrain.eval_every=10",
             "--set", "logging.progress=false", "--out", str(out)]
-    proc = run_limited("autoln.run_retrain", "write_json_atomic", 1, "retrain", *args, cache=tmp_path / "cache")
+    proc = run_limited("autoln.retrain.run_retrain", "write_json_atomic", 1, "retrain", *args, cache=tmp_path / "cache")
     line = assert_one_line(proc, str(out / "metrics.json"))
     assert f"the previous checkpoint {out / 'checkpoint.pt'} is kept" in line and "--resume" in line
     assert torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)["step"] == 20
@@ -263,7 +263,7 @@ def test_a_disk_full_before_the_lock_file_is_written_names_the_lock_file(tmp_pat
     """The first write of a run is the holder line in its lock file: on a full disk (here a
     file-size limit) the line names that file, and the command run again as printed goes on."""
     out = tmp_path / "run"
-    proc = run_limited("autoln.locks", "FolderLock._write_holder", 1, "search", "--config", TINY, *SHORT, "--out", str(out),
+    proc = run_limited("autoln.core.locks", "FolderLock._write_holder", 1, "search", "--config", TINY, *SHORT, "--out", str(out),
                        cache=tmp_path / "cache")
     line = assert_one_line(proc, str(out / ".autoln.lock"))
     assert "the files written before it are kept. Once there is space, continue with: " in line

@@ -15,7 +15,7 @@ import pytest
 from autoln import cli
 from autoln.config import DataConfig, load_config
 from autoln.data import load_corpus
-from autoln.errors import ConfigError, DataError
+from autoln.core.errors import ConfigError, DataError
 
 from .conftest import ROOT
 

@@ -17,10 +17,10 @@ import textwrap
 
 import pytest
 
-from autoln import commands, distributed
-from autoln.checkpoint import StopSignals
+from autoln.core import commands, distributed
+from autoln.runs.checkpoint import StopSignals
 from autoln.cli import guarded
-from autoln.errors import ConfigError
+from autoln.core.errors import ConfigError
 
 from .conftest import ROOT
 
@@ -73,8 +73,9 @@ from pathlib import Path
 
 import torch
 
-from autoln import cli, commands, distributed
-from autoln.errors import ConfigError
+from autoln import cli
+from autoln.core import commands, distributed
+from autoln.core.errors import ConfigError
 
 distributed.LINGER_S = 1.5
 

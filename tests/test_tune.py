@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from autoln.config import load_config
-from autoln.errors import ConfigError
-from autoln.genotype import Genotype
+from autoln.core.errors import ConfigError
+from autoln.models.genotype import Genotype
 
 from .conftest import ROOT
 
@@ -524,7 +524,7 @@ def test_a_long_differing_value_is_cut_in_the_one_line_error():
 def test_a_study_without_a_reported_value_draws_no_empty_plot_and_logs_no_optuna_warning(tmp_path, capfd):
     import optuna
 
-    from autoln.tune_report import _plots
+    from autoln.tune.report import _plots
 
     study = optuna.create_study()
     study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # no trial completed, none reported

@@ -1,0 +1,176 @@
+"""The supernet: every site mixes all candidate placements with ``softmax(alpha / tau)`` (docs/design.md §3).
+
+Architecture parameters (alphas) are one registered parameter ``alphas`` of shape
+``(n_sites, K)``: ``n_sites = n_layers`` for ``granularity: layer`` (both sublayers of a
+block share a row) or ``2 * n_layers`` for ``sublayer`` (rows ``2i`` attention, ``2i+1`` FFN
+of block ``i``). ``K = len(candidates)``. They are in ``state_dict``, move with ``.to()``
+and work with DDP; :meth:`Supernet.arch_parameters` and :meth:`Supernet.weight_parameters`
+partition ``parameters()``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+from torch import nn
+
+from autoln.config import ModelConfig
+from autoln.space.mixing import MIXINGS, STOCHASTIC, Noise, draw_gumbel
+from autoln.space.mixing import probabilities as mixing_probabilities
+from autoln.models.model import TransformerLM
+
+
+def site_names(n_layers: int, granularity: str) -> list[str]:
+    """Names of the alpha rows: ``block0, block1, ...`` (layer) or ``block0.attn, block0.ffn,
+    ...`` (sublayer). Used in TensorBoard tags ``alpha/<site>/<candidate>``."""
+    if granularity == "layer":
+        return [f"block{i}" for i in range(n_layers)]
+    return [f"block{i}.{s}" for i in range(n_layers) for s in ("attn", "ffn")]
+
+
+class SupernetMixin(abc.ABC):
+    """What makes a module a supernet, shared by :class:`Supernet` (autoln's own model) and
+    :class:`autoln.api.SearchModel` (a user's model with :class:`autoln.models.model.Site` s): the
+    architecture parameters ``alphas`` ``(n_sites, K)`` over ``candidates``, the mixing
+    function and its temperature ``tau``, the sites fixed by perturbation-based selection
+    (``projected``), and the narrow interface the architect, the selection and the search loop
+    use. A subclass sets ``alphas``, ``candidates``, ``site_names``, ``tau``, ``mixing`` and
+    ``projected`` in its ``__init__`` and implements :meth:`arrange`.
+    """
+
+    alphas: nn.Parameter
+    candidates: list[str]
+    site_names: list[str]
+    tau: float
+    mixing: str
+    projected: dict[int, int]
+    #: autocast dtype of the forward passes, None for fp32 (:func:`autoln.models.model.full_precision`).
+    autocast_dtype = None
+
+    def arch_parameters(self) -> list[nn.Parameter]:
+        """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
+        return [self.alphas]
+
+    def named_weight_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` for every parameter except the alphas."""
+        return [(n, p) for n, p in self.named_parameters() if p is not self.alphas]
+
+    def weight_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the alphas (branch weights, norms, embeddings)."""
+        return [p for _, p in self.named_weight_parameters()]
+
+    def draw_gumbel(self) -> Noise:
+        """Gumbel noise ``(n_sites, K)`` for one training step of a stochastic mixing
+        (``gumbel``, ``gumbel-hard``) in training mode; None otherwise."""
+        if self.mixing in STOCHASTIC and self.training:
+            return draw_gumbel(self.alphas.detach())
+        return None
+
+    def site_weights(self, gumbel: Noise = None) -> torch.Tensor:
+        """Mixing weights per site ``(n_sites, K)`` from :data:`autoln.space.mixing.MIXINGS`; without
+        noise the deterministic relaxed weights (e.g. ``softmax(alphas / tau)``, DARTS eq. 2)."""
+        return MIXINGS[self.mixing](self.alphas, self.tau, gumbel)
+
+    @abc.abstractmethod
+    def arrange(self, weights: torch.Tensor) -> torch.Tensor:
+        """The per-site weights ``(n_sites, K)`` in the layout the forward pass takes (each
+        subclass's own: ``(n_layers, 2, K)`` for :class:`Supernet`, as is for a user's model)."""
+
+    def mixing_weights(self, gumbel: Noise = None, noise: float = 0.0, drop: tuple[int, int] | None = None) -> torch.Tensor:
+        """The mixing weights in the layout of :meth:`arrange`. ``noise > 0`` adds
+        ``U(-noise, noise)`` to each site's weights (SDARTS-RS, Chen & Hsieh 2020), for weight
+        steps only. Sites in :attr:`projected` get one-hot weights. ``drop = (site, k)`` zeroes
+        candidate ``k``'s weight at ``site`` without renormalising: the supernet with that
+        candidate removed (DARTS-PT, Wang et al. 2021, §3.2, as ruocwang/darts-pt's
+        ``project_op`` masks an operation)."""
+        w = self.site_weights(gumbel)
+        if noise > 0:
+            w = w + torch.empty_like(w).uniform_(-noise, noise)
+        if self.projected or drop is not None:
+            keep = torch.ones_like(w)
+            fixed = torch.zeros_like(w)
+            for site, k in self.projected.items():
+                keep[site] = 0.0
+                fixed[site, k] = 1.0
+            w = w * keep + fixed
+            if drop is not None:
+                mask = torch.ones_like(w)
+                mask[drop] = 0.0
+                w = w * mask
+        return self.arrange(w)
+
+    def probabilities(self) -> np.ndarray:
+        """The genotype's probabilities ``(n_sites, K)``, float64 numpy: the relaxed weights
+        normalised per site (softmax as is; sigmoid mixing divided by its row sum), computed in
+        log space so that weights below float32's range give finite numbers
+        (:func:`autoln.space.mixing.probabilities`)."""
+        return mixing_probabilities(self.alphas, self.tau, self.mixing).cpu().numpy()
+
+
+class Supernet(SupernetMixin, TransformerLM):
+    """A :class:`TransformerLM` whose every site holds all of ``cfg.searched_candidates()``
+    (``cfg.candidates``, in one or both gain forms per ``cfg.affine``); the alpha interface is
+    :class:`SupernetMixin`'s.
+
+    Args:
+        cfg: model dimensions, ``candidates`` and ``granularity``.
+        vocab_size: number of token ids.
+        arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
+        tau: temperature of the mixing function (the search anneals it by setting ``.tau``).
+        mixing: key of :data:`autoln.space.mixing.MIXINGS`.
+        candidate_scale: ``raw`` or ``common`` (:func:`autoln.models.model.common_scale_mix`), set on every site.
+
+    Raises:
+        ValueError: unknown ``mixing``.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, arch_init_std: float = 1e-3, tau: float = 1.0,
+                 mixing: str = "softmax", candidate_scale: str = "raw") -> None:
+        if mixing not in MIXINGS:
+            raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
+        cands = cfg.searched_candidates()
+        super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
+        set_candidate_scale(self, candidate_scale)
+        self.candidates = cands
+        self.granularity = cfg.granularity
+        self.tau = tau
+        self.mixing = mixing
+        self.site_names = site_names(cfg.n_layers, cfg.granularity)
+        self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands)))
+        #: Sites discretised by perturbation-based selection (:mod:`autoln.oneshot.selection`): site
+        #: index -> chosen candidate index. Their mixing weights are one-hot; empty during the
+        #: bilevel search. Not part of ``state_dict``: selection runs after the last checkpointed
+        #: step and is re-run on resume.
+        self.projected: dict[int, int] = {}
+
+    def arrange(self, weights: torch.Tensor) -> torch.Tensor:
+        """Per block and sublayer ``(n_layers, 2, K)`` (layer granularity repeats a row)."""
+        if self.granularity == "layer":
+            return weights.unsqueeze(1).expand(-1, 2, -1)
+        return weights.view(-1, 2, weights.shape[-1])
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, mix: torch.Tensor | None = None):
+        """As :meth:`TransformerLM.forward`; unless ``mix`` is given, mixes with
+        :meth:`mixing_weights` (with fresh Gumbel noise in training mode for stochastic mixings)."""
+        return super().forward(idx, targets, self.mixing_weights(self.draw_gumbel()) if mix is None else mix)
+
+    def hidden_states(self, idx: torch.Tensor, mix: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """As :meth:`TransformerLM.hidden_states` (``n_layers + 1`` tensors ``(B, T, d_model)``),
+        mixing with the deterministic relaxed weights unless ``mix`` is given."""
+        return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
+
+
+def set_candidate_scale(model: nn.Module, candidate_scale: str) -> None:
+    """Set ``candidate_scale`` (:data:`autoln.models.model.CANDIDATE_SCALES`) on every searched site of ``model``.
+
+    Raises:
+        ValueError: an unknown value."""
+    from autoln.models.model import CANDIDATE_SCALES, Site
+
+    if candidate_scale not in CANDIDATE_SCALES:
+        raise ValueError(f"unknown candidate_scale {candidate_scale!r}; expected one of {list(CANDIDATE_SCALES)}")
+    for m in model.modules():
+        if isinstance(m, Site):
+            m.candidate_scale = candidate_scale

@@ -1,0 +1,421 @@
+"""The race: the supernet shortlists, real retrains decide (docs/design.md §10).
+
+The rule, and only the rule, lives here: pure functions of the measurements so far, shared by
+``search.py``'s race (run through an Optuna study, :mod:`autoln.race.run_race`), the API's
+(:func:`autoln.race_genotypes`) and the replay of a race from a table of retrains
+(``experiments/race_replay.py``). Lower values are better throughout (a valid loss, bits per byte).
+
+- **Pool.** Entries, each a genotype (its placements, the identity: a genotype is entered once)
+  of kind ``searched`` (the supernet's read-off, its argmax, its top ``k`` by one-hot score) or
+  ``named`` (the uniform placements of the candidates, ``mix-ln``, ``pre-post``; in a user's
+  model its ``own`` placement, which is named and always a finalist). A searched genotype equal
+  to a named one is entered as the named one (simpler, and known).
+- **Rungs.** Successive halving (Jamieson & Talwalkar 2016), synchronous, over the *searched*
+  entries: rung ``k`` of ``R`` retrains from scratch at ``full_steps / eta^(R-1-k)`` steps (seed
+  index 0) and keeps the best ``ceil(n / eta)``; after the last short rung the best one goes on.
+  A short rung only prunes the supernet's speculative shortlist; it never answers.
+- **Named rung.** The named placements are known and few, and learning curves cross (Wu et al.
+  2018): in nanoGPT's own model ``all-outnorm`` trails ``all-pre`` until about two thirds of the
+  budget and beats it at the end, so any shorter rung prunes the best named placement
+  (docs/race.md). Every named placement is therefore retrained at ``full_steps`` (seed index 0),
+  beside the searched rungs; the best of them (and the model's own) go on.
+- **Final rung.** The best searched entry and the best named one (and the model's own placement,
+  when it is in the pool) at ``full_steps``. A pool of two or three entries goes to the final
+  rung directly. The final runs seed by seed: once the searched finalist is not ahead of the
+  best named one at some seed, no values at the remaining seeds could make the paired test below
+  pass (with one difference ``d_i >= 0`` among ``n`` the paired t statistic is at least
+  ``-(n-1)``, which is not below Student's ``t_{level, n-1}`` for ``n = 3`` at ``level = 0.05``:
+  ``-2 > -2.92``), so the race stops there with the named placement as its answer (a curtailed
+  test: the answer the full final would give; the seeds are spent only where the verdict needs
+  them). Otherwise every finalist runs at seeds ``0..final_seeds-1``.
+- **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
+  must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
+  same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
+  modded-nanogpt accepts a record. Otherwise the named placement is the answer and the verdict
+  says the searched genotype tied. A diverged run (NaN or inf) counts as infinitely bad.
+
+Why not an Optuna pruner: Optuna's pruners decide one trial at the moment it reports, and a
+trial cannot be suspended and resumed (the reason Optuna's own ``SuccessiveHalvingPruner`` is
+the asynchronous ASHA, whose promotions depend on the order in which trials report).
+Synchronous halving needs every entry of a rung measured before any is promoted, so the race's
+trials are its retrains (one trial per entry, rung and seed, enqueued when the rung before is
+complete) and :func:`plan` decides from their values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+from autoln.core.errors import DivergenceError
+
+KINDS = ("searched", "named")
+
+#: The rule's revision, recorded with every race of the experiments' tables (``races.csv``,
+#: ``own_model_race.csv``) so that a race is rerun, not reused, when the rule changes: ``r1``
+#: entered the named placements at the last-but-one rung and ran every finalist at every seed;
+#: ``r2`` (this module) runs them at the full budget and stops the final once its verdict is settled.
+REVISION = "r2"
+
+
+@dataclass(frozen=True)
+class RaceRule:
+    """The race's settings: ``eta`` (each rung keeps ``ceil(n / eta)``), ``rungs`` (``R``, the
+    last at the full budget), ``final_seeds`` (seeds of each finalist at the full budget, at
+    least 2) and ``level`` (of the one-sided paired t-test a searched finalist must pass).
+
+    Raises:
+        ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2 or ``level`` outside (0, 1)."""
+
+    eta: int = 3
+    rungs: int = 3
+    final_seeds: int = 3
+    level: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.eta < 2 or self.rungs < 1 or self.final_seeds < 2 or not 0 < self.level < 1:
+            raise ValueError(f"race rule: needs eta >= 2, rungs >= 1, final_seeds >= 2 and 0 < level < 1; got eta {self.eta}, "
+                             f"rungs {self.rungs}, final_seeds {self.final_seeds}, level {self.level}")
+
+    def describe(self) -> str:
+        """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
+        return (f"synchronous successive halving of the searched entries, eta {self.eta}, the last rung at the full retrain budget; "
+                f"every named placement at the full budget (one seed); the best searched and the best named entry are the "
+                f"finalists, at {self.final_seeds} seeds run one by one (a searched finalist not ahead at one of them cannot pass "
+                f"the test, and the race stops there); a searched finalist is the answer only if it beats the best named finalist by a "
+                f"one-sided paired t-test at level {self.level}, else the named placement is")
+
+    def curtails(self) -> bool:
+        """True when a searched finalist not ahead at seed 0 can no longer pass the paired test:
+        with one difference ``d_1 >= 0`` among ``n = final_seeds`` the paired t statistic is at
+        least ``-(n - 1)`` (reached with ``d_1 = 0`` and the others equal), so the test is out of
+        reach when ``-(n - 1) >= t.ppf(level, n - 1)`` (``n = 3``, level 0.05: ``-2 >= -2.92``)."""
+        from scipy.stats import t
+
+        n = self.final_seeds
+        return -(n - 1) >= float(t.ppf(self.level, n - 1))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One genotype of the pool: ``name`` (``read-off``, ``argmax``, ``top2``, ``all-pre``,
+    ``own`` ...), ``placements`` (its identity, e.g. ``post pre pre``), ``kind`` (``searched`` or
+    ``named``) and ``own`` (the model's own placement: always a finalist)."""
+
+    name: str
+    placements: str
+    kind: str
+    own: bool = False
+
+    @property
+    def named(self) -> bool:
+        """True for a named placement (the model's own included)."""
+        return self.kind == "named"
+
+
+def make_pool(searched: Sequence[tuple[str, str]], named: Sequence[tuple[str, str]],
+              own: Optional[tuple[str, str]] = None) -> tuple[list[Entry], dict[str, str]]:
+    """The pool: ``own`` first, then ``named``, then ``searched`` (each ``(name, placements)``),
+    every placement once. Returns ``(entries, aliases)``: ``aliases`` maps each dropped name to
+    the entry that holds its placements (``{"read-off": "all-pre"}``: the read-off *is* all-pre).
+
+    Raises:
+        ValueError: an empty pool, or two entries of one name."""
+    entries: list[Entry] = []
+    by_placements: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    items = ([(own[0], own[1], "named", True)] if own else []) + [(n, p, "named", False) for n, p in named] \
+        + [(n, p, "searched", False) for n, p in searched]
+    names = [n for n, *_ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"race pool: two entries share a name: {names}")
+    for name, placements, kind, is_own in items:
+        if placements in by_placements:
+            aliases[name] = by_placements[placements]
+            continue
+        by_placements[placements] = name
+        entries.append(Entry(name, placements, kind, is_own))
+    if not entries:
+        raise ValueError("race pool: no entry")
+    return entries, aliases
+
+
+def rung_steps(full_steps: int, rule: RaceRule) -> list[int]:
+    """Steps of each rung: ``full_steps / eta^(R-1-k)`` rounded, at least 1, distinct, the last
+    ``full_steps``. E.g. ``(1000, eta 3, 3 rungs) -> [111, 333, 1000]``.
+
+    Raises:
+        ValueError: ``full_steps`` < 1."""
+    if full_steps < 1:
+        raise ValueError(f"race: the full budget must be at least 1 step, got {full_steps}")
+    steps = [max(1, round(full_steps / rule.eta ** (rule.rungs - 1 - k))) for k in range(rule.rungs)]
+    return sorted(set(steps))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One retrain of the race: ``entry`` (a name) at ``steps`` with seed index ``seed`` (the
+    retrain's seed is the race's base seed plus this)."""
+
+    entry: str
+    steps: int
+    seed: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """``(entry, steps, seed)``: how a measurement is found."""
+        return (self.entry, self.steps, self.seed)
+
+
+Values = Mapping[tuple[str, int, int], float]
+
+
+def score(value: float) -> float:
+    """A measurement as the race ranks it: NaN and inf (a diverged run) are ``inf``."""
+    return value if math.isfinite(value) else math.inf
+
+
+def ranked(entries: Sequence[Entry], values: Mapping[str, float]) -> list[Entry]:
+    """``entries`` best first by ``values`` (entry name -> value; NaN and inf last), ties by
+    the order given."""
+    return sorted(entries, key=lambda e: (score(values[e.name]), entries.index(e)))
+
+
+def finalists_of(searched: Sequence[Entry], named: Sequence[Entry], at: Mapping[str, float]) -> list[Entry]:
+    """The finalists, in pool order (named, then searched): the named placements' best by
+    ``at`` (entry name -> value at the full budget, seed 0) and the model's own, then
+    ``searched`` (the short rungs' survivor: at most one). With no searched entry, the two best
+    named ones."""
+    best = ranked(named, at)[:1 if searched else 2]
+    keep = {e.name for e in best} | {e.name for e in named if e.own}
+    return [e for e in named if e.name in keep] + list(searched)
+
+
+@dataclass
+class Plan:
+    """Where the race stands: ``pending`` (the jobs to run next, none measured), ``rungs`` (per
+    rung reached: its steps, the entries run there, the survivors, and ``seeds``), ``done`` and,
+    when done, the ``finalists`` and ``seeds`` (the final rung's seeds measured: ``final_seeds``,
+    or fewer when the final stopped early: :func:`hopeless`)."""
+
+    pending: list[Job]
+    rungs: list[dict] = field(default_factory=list)
+    done: bool = False
+    finalists: list[Entry] = field(default_factory=list)
+    seeds: int = 0
+
+
+def hopeless(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int = 1) -> bool:
+    """True when the final can stop after its first ``seeds`` seeds (module docstring, **Final
+    rung**): the rule :meth:`RaceRule.curtails`, a named and a searched finalist, and every
+    searched finalist not ahead of every named one at one of those seeds at least (a tie is not
+    ahead; the paired t statistic is symmetric in the seeds, so any one difference ``>= 0``
+    bounds it as the first one does).
+
+    Raises:
+        KeyError: a finalist's seed below ``seeds`` not measured."""
+    per = {e.name: [score(values[(e.name, full_steps, i)]) for i in range(seeds)] for e in finalists}
+    named = [per[e.name] for e in finalists if e.named]
+    searched = [per[e.name] for e in finalists if not e.named]
+    return rule.curtails() and bool(named) and bool(searched) and \
+        all(any(a >= b for a, b in zip(mine, theirs)) for mine in searched for theirs in named)
+
+
+def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
+    """What the race runs next, from the measurements so far (``values``: ``Job.key`` ->
+    value): deterministic, so a resumed race and every worker on one storage agree.
+
+    The short rungs run the surviving *searched* entries (seed 0) and keep the best
+    ``ceil(n / eta)`` of them, the last short rung the best one: they prune the supernet's
+    speculative shortlist. Beside them every named placement runs at ``full_steps`` (seed 0):
+    no short rung judges a named placement by how fast it starts (short-horizon bias, Wu et al.
+    2018; nanoGPT's ``all-outnorm``, docs/race.md). The pending jobs are the named rung's and the
+    searched rung's together (independent: workers run them side by side), and once the short
+    rungs are done, the searched survivor's seed 0 at ``full_steps`` with them. Then the final
+    (:func:`finalists_of`) at ``full_steps``, seed by seed, until the last of ``final_seeds``
+    or until :func:`hopeless`. When three or fewer entries make the pool,
+    it goes to the final at once."""
+    steps = rung_steps(full_steps, rule)
+    history: list[dict] = []
+    if len(entries) <= 3 or len(steps) == 1:
+        finalists = list(entries)
+    else:
+        alive = [e for e in entries if not e.named]
+        named = [e for e in entries if e.named]
+        pending: list[Job] = []
+        short = steps[:-1]
+        for k, s in enumerate(short):
+            if len(alive) <= 1:
+                break
+            history.append({"steps": s, "entries": [e.name for e in alive]})
+            pending = [Job(e.name, s, 0) for e in alive if (e.name, s, 0) not in values]
+            if pending:
+                break
+            keep = 1 if k == len(short) - 1 else math.ceil(len(alive) / rule.eta)
+            kept = {e.name for e in ranked(alive, {e.name: values[(e.name, s, 0)] for e in alive})[:keep]}
+            alive = [e for e in alive if e.name in kept]
+            history[-1]["survivors"] = [e.name for e in alive]
+        if not pending and alive and (alive[0].name, full_steps, 0) not in values:
+            pending = [Job(alive[0].name, full_steps, 0)]  # the searched finalist's seed 0 needs no named value: run it now
+        if named:
+            history.append({"steps": full_steps, "entries": [e.name for e in named], "seeds": 1, "named": True})
+            pending = [Job(e.name, full_steps, 0) for e in named if (e.name, full_steps, 0) not in values] + pending
+        if pending:
+            return Plan(pending, history)
+        finalists = finalists_of(alive, named, {e.name: values[(e.name, full_steps, 0)] for e in named})
+        if named:
+            history[-1]["survivors"] = [e.name for e in finalists if e.named]
+    history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.final_seeds})
+    for i in range(rule.final_seeds):  # seed by seed, stopping once the verdict cannot change
+        missing = [Job(e.name, full_steps, i) for e in finalists if (e.name, full_steps, i) not in values]
+        if missing:
+            return Plan(missing, history)
+        if i + 1 < rule.final_seeds and hopeless(finalists, values, full_steps, rule, i + 1):
+            history[-1]["seeds"] = i + 1
+            return Plan([], history, done=True, finalists=finalists, seeds=i + 1)
+    return Plan([], history, done=True, finalists=finalists, seeds=rule.final_seeds)
+
+
+def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int:
+    """The most retrain steps :func:`plan` can run over ``entries``: every short rung, every
+    named placement and the searched survivor at ``full_steps``, and each final seed of at most
+    three finalists (the best named one, the model's own, the searched one; with no searched
+    entry the two best named ones), no final cut short by :func:`hopeless`. E.g. 5 searched and
+    5 named entries at ``(1000, eta 3, 3 rungs)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 3 *
+    1000 = 13221``. The bound behind a race's time-left estimate (:class:`autoln.runs.training.TimeLeft`).
+
+    Raises:
+        ValueError: as :func:`rung_steps`."""
+    steps = rung_steps(full_steps, rule)
+    if len(entries) <= 3 or len(steps) == 1:
+        return len(entries) * full_steps * rule.final_seeds
+    alive, named = sum(not e.named for e in entries), sum(e.named for e in entries)
+    total, short = 0, steps[:-1]
+    for k, s in enumerate(short):
+        if alive <= 1:
+            break
+        total += alive * s
+        alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
+    searched = min(alive, 1)
+    finalists = searched + min(named, 2)
+    return total + (named + searched) * full_steps + finalists * (rule.final_seeds - 1) * full_steps
+
+
+def steps_done(values: Values) -> int:
+    """The retrain steps behind ``values`` (``(entry, steps, seed)`` -> value): the race's work
+    so far, in the units of :func:`most_steps`."""
+    return sum(k[1] for k in values)
+
+
+@dataclass
+class Verdict:
+    """The race's answer: ``answer`` (the entry), ``line`` (what the user reads), ``searched``
+    and ``named`` (the best finalist of each kind, None when absent), their values per seed,
+    ``p_value`` (of the paired test, None without one) and ``outcome``: ``searched-wins``,
+    ``named-wins`` (a named finalist had the better mean) or ``tie`` (the searched one led
+    without passing the test)."""
+
+    answer: Entry
+    line: str
+    outcome: str
+    searched: Optional[Entry] = None
+    named: Optional[Entry] = None
+    values: dict[str, list[float]] = field(default_factory=dict)
+    p_value: Optional[float] = None
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """``(mean, sample std)`` with a diverged value making the mean ``inf``."""
+    xs = [score(v) for v in values]
+    if any(math.isinf(x) for x in xs):
+        return math.inf, 0.0
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """One-sided paired t-test of ``a < b`` (values per seed, paired by position):
+    ``scipy.stats.ttest_rel(a, b, alternative="less")``'s p-value. When every difference is
+    equal (no spread) it is 0 if ``a`` is lower, else 1; a diverged value of ``a`` gives 1, of
+    ``b`` alone 0."""
+    from scipy.stats import ttest_rel
+
+    a, b = [score(v) for v in a], [score(v) for v in b]
+    if any(math.isinf(x) for x in a):
+        return 1.0
+    if any(math.isinf(x) for x in b):
+        return 0.0
+    diffs = [x - y for x, y in zip(a, b)]
+    if max(diffs) == min(diffs):
+        return 0.0 if diffs[0] < 0 else 1.0
+    return float(ttest_rel(a, b, alternative="less").pvalue)
+
+
+def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
+    """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
+    in the line (e.g. ``bits/byte``).
+
+    The final's seeds are ``final_seeds``, or fewer when the final stopped early
+    (:func:`hopeless`): then the named placement is the answer, and the line says why.
+
+    Raises:
+        KeyError: a finalist's seed not measured (seed 0, or a later one of a final that could
+            not stop before it).
+        DivergenceError: every finalist diverged at some seed: the race has no answer."""
+    n = next((i for i in range(rule.final_seeds) if any((e.name, full_steps, i) not in values for e in finalists)), rule.final_seeds)
+    if n < rule.final_seeds and not (n and hopeless(finalists, values, full_steps, rule, n)):
+        missing = next((e.name, full_steps, n) for e in finalists if (e.name, full_steps, n) not in values)
+        raise KeyError(missing)
+    per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
+    if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
+        raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
+                              "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)")
+    rank = sorted(finalists, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
+    searched = next((e for e in rank if not e.named), None)
+    named = next((e for e in rank if e.named), None)
+    u = f" {unit}" if unit else ""
+
+    def shown(e: Entry) -> str:
+        m, sd = mean_sd(per[e.name])
+        return (f"{e.name} {m:.4f}" + (f" ± {sd:.4f}" if n > 1 else "")) if math.isfinite(m) else f"{e.name} diverged"
+
+    at = f"at {full_steps} steps, {n} seeds" if n > 1 else f"at {full_steps} steps, seed 0"
+    if named is None:  # no named placement in the pool: the best searched finalist
+        return Verdict(rank[0], f"answer: {rank[0].name} ({rank[0].placements}; no named placement raced; {shown(rank[0])}{u} {at})",
+                       "searched-wins", searched, None, per)
+    if searched is None:
+        return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
+                       "named-wins", None, named, per)
+    if n < rule.final_seeds:  # the final stopped early: no later seeds could make the searched finalist pass the test
+        where = "behind at seed 0" if n == 1 else f"not ahead at one of the {n} seeds run"
+        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
+                              f"{shown(named)}{u}; {where}, it could not pass a one-sided paired t-test at level "
+                              f"{rule.level} over {rule.final_seeds} seeds, so the final stopped there)",
+                       "named-wins", searched, named, per)
+    p = paired_p(per[searched.name], per[named.name])
+    if rank[0] is named or not math.isfinite(mean_sd(per[searched.name])[0]):
+        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
+                              f"{shown(named)}{u})", "named-wins", searched, named, per, p)
+    if p < rule.level:
+        return Verdict(searched, f"answer: {searched.name} = {searched.placements} (beats {named.name} {at}: {shown(searched)}, "
+                                 f"{shown(named)}{u}; one-sided paired t-test p = {p:.3g} < {rule.level})",
+                       "searched-wins", searched, named, per, p)
+    return Verdict(named, f"answer: {named.name} (the searched {searched.name} tied with it {at}: {shown(searched)}, {shown(named)}{u}; "
+                          f"one-sided paired t-test p = {p:.3g}, not below {rule.level}: the named placement is simpler and known)",
+                   "tie", searched, named, per, p)
+
+
+def run(entries: Sequence[Entry], full_steps: int, rule: RaceRule, measure: Callable[[Job], float],
+        values: Optional[dict] = None) -> tuple[Plan, dict]:
+    """Run the race in this process: measure every pending job of :func:`plan` in order until
+    it is done. ``measure(job)`` retrains and returns the value (NaN for a diverged run);
+    ``values`` holds measurements already made (reused, and filled in). Returns the final
+    :class:`Plan` and the values."""
+    values = {} if values is None else values
+    while True:
+        p = plan(entries, values, full_steps, rule)
+        if p.done:
+            return p, values
+        for job in p.pending:
+            values[job.key] = float(measure(job))
