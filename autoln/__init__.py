@@ -3,20 +3,24 @@
 Modules, in dependency order: :mod:`errors`, :mod:`placements`, :mod:`branches` (the search space),
 :mod:`config`, :mod:`io`, :mod:`data`, :mod:`model`, :mod:`supernet`, :mod:`genotype`,
 :mod:`training`, :mod:`architect` (the bilevel step), :mod:`selection`, :mod:`api` (your own
-model), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
+model: :mod:`api.sites`, :mod:`api.site_genotype`, :mod:`api.search_model`, :mod:`api.batches`,
+:mod:`api.run_folder`, :mod:`api.search_settings`, :mod:`api.searching`, :mod:`api.deriving`,
+:mod:`api.comparing`, :mod:`api.racing`), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
 
 The public API for a model of your own (README, *Your own model*), imported on first use:
 ``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
 ``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``,
-``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` and ``autoln.race_genotypes`` (:mod:`api_compare`).
+``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` (:mod:`api.comparing`) and
+``autoln.race_genotypes`` (:mod:`api.racing`).
 """
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"Site": "model", "SearchModel": "api", "search": "api", "derive": "api", "SiteGenotype": "api",
-           "load_derived": "api", "SearchOutcome": "api", "SearchConfig": "config", "deepnorm_weights": "branches",
-           "compare_genotypes": "api_compare", "Comparison": "api_compare", "race_genotypes": "api_compare",
-           "RaceOutcome": "api_compare"}
+_PUBLIC = {"Site": "models.site", "SearchModel": "api.search_model", "search": "api.searching",
+           "derive": "api.deriving", "SiteGenotype": "api.site_genotype", "load_derived": "api.deriving",
+           "SearchOutcome": "api.searching", "SearchConfig": "config", "deepnorm_weights": "space.branches",
+           "compare_genotypes": "api.comparing", "Comparison": "api.comparing", "race_genotypes": "api.racing",
+           "RaceOutcome": "api.racing"}
 __all__ = sorted(_PUBLIC)
 
 

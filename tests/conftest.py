@@ -31,9 +31,13 @@ def shared_path(*parts: str) -> Path:
 
 
 def experiment_script(name: str) -> ModuleType:
-    """``experiments/<name>.py`` loaded as a fresh module (each script puts ``experiments/`` on
-    ``sys.path`` itself, for its sibling imports)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    """``experiments/<folder>/<script>.py`` loaded as a fresh module, for ``name``
+    ``"<folder>/<script>"`` (each script puts the repository root on ``sys.path`` itself, for its
+    imports of ``experiments.<folder>.<script>``)."""
+    path = ROOT / "experiments" / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such experiment script (name it as '<folder>/<script>')")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

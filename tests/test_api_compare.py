@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import autoln
-from autoln.api.compare import CompareRow, Comparison, verdict
+from autoln.api.comparing import CompareRow, Comparison, verdict
 from autoln.config import RetrainConfig
 from autoln.retrain.ranking import is_tie
 from autoln.runs.training import evaluate_batches, train_step, weight_optimizer

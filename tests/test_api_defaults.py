@@ -50,7 +50,7 @@ def test_search_without_steps_or_cfg_runs_the_command_s_schedule(gpt, monkeypatc
         seen["cfg"] = cfg
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(api, "_search", fake)
+    monkeypatch.setattr("autoln.api.searching._search", fake)
     for kwargs, want in ((dict(), SearchConfig()), (dict(steps=300), api.default_config(300)),
                          (dict(cfg=SearchConfig(steps=40, warmup_steps=4, arch_warmup_steps=8)),
                           SearchConfig(steps=40, warmup_steps=4, arch_warmup_steps=8)),

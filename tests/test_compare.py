@@ -142,7 +142,7 @@ def test_diagnose_command_prints_tables_and_writes_pngs(tmp_path, cache):
 
 def test_reproduction_script_part_a_writes_its_report(tmp_path, cache):
     out = tmp_path / "repro"
-    run(str(ROOT / "experiments" / "reproduce_papers.py"), "--config", TINY, "--parts", "a", "--grad-seeds", "2",
+    run(str(ROOT / "experiments" / "papers" / "reproduce_papers.py"), "--config", TINY, "--parts", "a", "--grad-seeds", "2",
         "--out", str(out), cache=cache)
     report = (out / "report.md").read_text()
     assert "### (a) Gradient norm at initialisation (Xiong et al. 2020, Fig. 3):" in report and "| post-LN |" in report
@@ -156,7 +156,7 @@ def test_validation_script_reports_each_setting_against_every_baseline(tmp_path,
     short = ["--set", "search.steps=10", "--set", "search.eval_every=5", "--set", "search.selection_tune_steps=1", "--set", "search.arch_warmup_steps=2",
              "--set", "retrain.steps=6", "--set", "retrain.eval_every=3", "--set", "retrain.final_eval_windows=4",
              "--set", "logging.tensorboard=false"]
-    proc = run(str(ROOT / "experiments" / "validate.py"), "--config", TINY, *short, "--settings", "highlr", "--seeds", "2",
+    proc = run(str(ROOT / "experiments" / "common" / "validate.py"), "--config", TINY, *short, "--settings", "highlr", "--seeds", "2",
                "--out", str(out), cache=cache)
     numbers = json.loads((out / "report.json").read_text())
     assert [r["setting"] for r in numbers] == ["highlr"]
@@ -171,7 +171,7 @@ def test_validation_script_reports_each_setting_against_every_baseline(tmp_path,
     assert f"**{r['verdict'].replace('loses', 'loses to', 1)}**" in proc.stdout and "| **searched** |" in (out / "report.md").read_text()
     assert (out / "curves.png").read_bytes()[:8] == PNG
     assert json.loads((out / "highlr" / "validate.json").read_text()) == r  # what a later call's report merges
-    assert r["command"].startswith("python experiments/validate.py --config ") and f"Command: `{r['command']}`" in proc.stdout
+    assert r["command"].startswith("python experiments/common/validate.py --config ") and f"Command: `{r['command']}`" in proc.stdout
     assert [c["label"] for c in r["curves"]] == labels and [s for s, _ in r["curves"][0]["points"]] == [3, 6]
 
 
@@ -182,7 +182,7 @@ def test_validation_script_reports_each_setting_against_every_baseline(tmp_path,
     ([], [2.3], "loses (every seed diverged)"),
 ])
 def test_validation_verdict(searched, best, want):
-    assert experiment_script("validate").verdict(searched, best) == want
+    assert experiment_script("common/validate").verdict(searched, best) == want
 
 
 def test_a_damaged_run_record_is_redone_and_a_damaged_comparison_record_refused(tmp_path):
@@ -380,28 +380,26 @@ def test_the_curves_figure_gives_each_genotype_its_own_line_and_keeps_the_legend
 
 
 def test_reports_of_calls_split_by_settings_add_up(tmp_path):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    from validate import commands_line, merge_saved
+    from experiments.common.validate import commands_line, merge_saved
 
     out = tmp_path
     first = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.4}], ["--settings", "deep"])
-    assert first == [{"setting": "deep", "tau": 0.4, "command": "python experiments/ground_truth.py --settings deep"}]
+    assert first == [{"setting": "deep", "tau": 0.4, "command": "python experiments/truth/ground_truth.py --settings deep"}]
     (out / "highlr").mkdir()
     (out / "highlr" / "ground_truth.json").write_text("{cut sho")  # damaged: left out
     merged = merge_saved(out, "ground_truth", [{"setting": "shallow", "tau": 0.6}], ["--settings", "shallow"])
     assert [(r["setting"], r["tau"]) for r in merged] == [("shallow", 0.6), ("deep", 0.4)]  # SETTINGS order, not call order
     assert json.loads((out / "shallow" / "ground_truth.json").read_text())["tau"] == 0.6
-    assert commands_line(merged) == ("Commands: `python experiments/ground_truth.py --settings shallow` (shallow); "
-                                     "`python experiments/ground_truth.py --settings deep` (deep)")
+    assert commands_line(merged) == ("Commands: `python experiments/truth/ground_truth.py --settings shallow` (shallow); "
+                                     "`python experiments/truth/ground_truth.py --settings deep` (deep)")
     again = merge_saved(out, "ground_truth", [{"setting": "deep", "tau": 0.5}], [])
     assert [(r["setting"], r["tau"]) for r in again] == [("shallow", 0.6), ("deep", 0.5)]  # a setting's new result replaces its old
-    assert commands_line([again[1]]) == "Command: `python experiments/ground_truth.py`"
+    assert commands_line([again[1]]) == "Command: `python experiments/truth/ground_truth.py`"
 
 
 @pytest.mark.parametrize("value, text", [(93.3, "93rd"), (90, "90th"), (91, "91st"), (92.4, "92nd"), (11, "11th"),
                                          (12, "12th"), (13, "13th"), (100, "100th"), (0, "0th"), (101, "101st")])
 def test_percentiles_read_as_english_ordinals(value, text):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    from ground_truth import ordinal
+    from experiments.truth.ground_truth import ordinal
 
     assert ordinal(value) == text

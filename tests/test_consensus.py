@@ -67,9 +67,9 @@ def test_seeds_command_writes_consensus_votes_and_tensorboard(tmp_path, cache_di
     assert f"agreement: {expected.agreement:.0%} of sites" in proc.stdout
     acc = event_tags(out)
     assert {"consensus/agreement", "votes/block0/pre", "votes/block1/deepnorm"} <= set(acc.Tags()["scalars"])
-    # experiments/selection_variants.py re-runs only the selection from a seed's checkpoint: its
+    # experiments/fidelity/selection_variants.py re-runs only the selection from a seed's checkpoint: its
     # `random` variant is the default selection and gives that seed's genotype again, exactly
-    variants = experiment_script("selection_variants")
+    variants = experiment_script("fidelity/selection_variants")
     # (with the thread count the seed's worker had: float sums in another order move the 6th decimal)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))

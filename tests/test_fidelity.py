@@ -103,7 +103,7 @@ def test_one_hot_mixing_refuses_what_the_supernet_cannot_hold(tiny_model_cfg):
 
 
 def test_percentile_and_rungs():
-    gt, rs = experiment_script("ground_truth"), experiment_script("random_search")
+    gt, rs = experiment_script("truth/ground_truth"), experiment_script("race/random_search")
     assert gt.percentile(2.0, [1.0, 3.0, 4.0, 2.0]) == pytest.approx(62.5)  # 2 worse, 1 tie
     assert gt.percentile(0.5, [1.0, 2.0]) == 100.0 and gt.percentile(9.0, [1.0, 2.0]) == 0.0
     assert rs.rung_steps(100, 3, 1000) == [100, 300]
@@ -113,7 +113,7 @@ def test_percentile_and_rungs():
 
 def test_the_best_sampled_genotype_is_the_lowest_mean_over_seeds():
     # the deep setting's top rows (docs/results.md: seed 0, then 3-seed means): g06 leads at seed 0, g16 over 3 seeds
-    best_sampled = experiment_script("ground_truth").best_sampled
+    best_sampled = experiment_script("truth/ground_truth").best_sampled
     top = [{"label": "g06", "seed0": 2.505, "mean": 2.532}, {"label": "g16", "seed0": 2.510, "mean": 2.523},
            {"label": "g08", "seed0": 2.516, "mean": 2.536}, {"label": "g01", "seed0": 2.528, "mean": None}]
     assert best_sampled(top)["label"] == "g16"
@@ -127,13 +127,14 @@ def test_the_best_sampled_genotype_is_the_lowest_mean_over_seeds():
 ])
 def test_ground_truth_refuses_bad_input_before_any_search(tmp_path, extra, message, capsys):
     out = tmp_path / "gt"
-    assert experiment_script("ground_truth").main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--top", "1",
+    assert experiment_script("truth/ground_truth").main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--settings", "shallow", "--top", "1",
                                           "--out", str(out), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and not out.exists()
 
 
-@pytest.mark.parametrize("name", ["validate", "ground_truth", "random_search", "stability", "read_off"])
+@pytest.mark.parametrize("name", ["common/validate", "truth/ground_truth", "race/random_search", "stability/stability",
+                                  "fidelity/read_off"])
 def test_a_bad_workers_count_is_refused_before_any_run(name, capsys):
     """--workers 0 is refused by the parser (one line, exit 2), not after hours of searching."""
     with pytest.raises(SystemExit) as stop:
@@ -156,7 +157,7 @@ def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, ca
     for key in ("search.steps=8", "search.eval_every=4", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
                 "retrain.steps=6", "retrain.eval_every=3", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
         common += ["--set", key]
-    gt, rs = experiment_script("ground_truth"), experiment_script("random_search")
+    gt, rs = experiment_script("truth/ground_truth"), experiment_script("race/random_search")
     assert rs.main([*common, "--min-steps", "1", "--eta", "2", "--budget-s", "1.0", "--rank-windows", "4"]) == 0
     result = json.loads((out / "shallow" / "random_search" / "result.json").read_text())
     assert result["rungs"] == [1, 2] and result["evaluated"] >= 2 and len(result["valid"]) == 2
@@ -223,7 +224,7 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     for key in ("search.steps=6", "search.eval_every=3", "search.arch_warmup_steps=2", "search.selection_tune_steps=1",
                 "retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
         args += ["--set", key]
-    assert experiment_script("stability").main(args) == 0
+    assert experiment_script("stability/stability").main(args) == 0
     r = json.loads((out / "stability.json").read_text())[0]
     consensus = json.loads((out / "shallow" / "seeds" / "genotype.json").read_text())
     assert r["consensus"]["placements"] == " ".join(consensus["placements"]) and len(r["consensus"]["valid"]) == 2
@@ -239,7 +240,7 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
     # search: copied, not run again; a search made with other settings is not copied
     import shutil
 
-    stability = experiment_script("stability")
+    stability = experiment_script("stability/stability")
     seeds = out / "shallow" / "seeds"
     shutil.copytree(seeds / "seed0", out / "shallow" / "search")
     shutil.rmtree(seeds / "seed0")
@@ -258,7 +259,7 @@ def test_stability_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch):
 
 def _read_off_rows(shallow: dict, deep: dict, taus=(0.6, 0.6)) -> list[dict]:
     """Hand-built results of read_off.run_setting: per setting, read-off -> valid values."""
-    rd = experiment_script("read_off")
+    rd = experiment_script("fidelity/read_off")
     out = []
     for name, values, tau in (("shallow", shallow, taus[0]), ("deep", deep, taus[1])):
         rows = {r: {"valid": v, "mean": sum(v) / len(v) if v else None} for r, v in values.items()}
@@ -272,7 +273,7 @@ def test_the_read_off_rule_fixed_before_the_results():
     """A read-off replaces perturbation only if it beats it by more than one std in shallow or
     deep and loses by more than one in neither; score only with tau >= 0.5 in both; among
     several, the lowest mean; without both settings nothing is decided."""
-    rd = experiment_script("read_off")
+    rd = experiment_script("fidelity/read_off")
     base = [2.50, 2.52, 2.51]  # std 0.010
     same = {"score": base, "argmax": base, "fixed-alpha": base}
     assert rd.decide(_read_off_rows({"perturbation": base, **same}, {"perturbation": base, **same}))[0] == "perturbation"
@@ -317,7 +318,7 @@ def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, c
                 "retrain.steps=4", "retrain.warmup_steps=1", "retrain.eval_every=2", "retrain.final_eval_windows=4",
                 "logging.tensorboard=false"):
         args += ["--set", key]
-    assert experiment_script("read_off").main(args) == 0
+    assert experiment_script("fidelity/read_off").main(args) == 0
     report = json.loads((out / "read_off.json").read_text())
     assert report["choice"] == "perturbation" and report["reason"].startswith("undecided")
     rows = report["settings"][0]["rows"]
@@ -332,15 +333,15 @@ def test_read_off_command_on_the_tiny_config(tmp_path, cache_dir, monkeypatch, c
     assert report["settings"][0]["kendall_tau"] is None  # no ground truth yet
     # the setting's tau comes from its own ground_truth.json; the deep setting, from a call of its own, adds up
     (out / "shallow" / "ground_truth.json").write_text(json.dumps({"setting": "shallow", "fidelity": {"kendall_tau": 0.7}}))
-    deep = {**report["settings"][0], "setting": "deep", "kendall_tau": 0.6, "command": "python experiments/read_off.py --settings deep"}
+    deep = {**report["settings"][0], "setting": "deep", "kendall_tau": 0.6, "command": "python experiments/fidelity/read_off.py --settings deep"}
     (out / "deep").mkdir()
     (out / "deep" / "read_off.json").write_text(json.dumps(deep))
-    assert experiment_script("read_off").main(args) == 0
+    assert experiment_script("fidelity/read_off").main(args) == 0
     report = json.loads((out / "read_off.json").read_text())
     assert [(s["setting"], s["kendall_tau"]) for s in report["settings"]] == [("shallow", 0.7), ("deep", 0.6)]
     assert report["reason"].startswith("undecided: the rule needs 3 finished seeds")  # both settings now; 2 seeds each
     # a read-off is reused only for the search it was read off: after a new search, it is redone
-    rd, search, argmax = experiment_script("read_off"), out / "shallow" / "search", out / "shallow" / "read_off" / "argmax"
+    rd, search, argmax = experiment_script("fidelity/read_off"), out / "shallow" / "search", out / "shallow" / "read_off" / "argmax"
     stamp = (argmax / "genotype.json").stat().st_mtime_ns
     rd.reselect(search, argmax, "argmax")
     assert (argmax / "genotype.json").stat().st_mtime_ns == stamp

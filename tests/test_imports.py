@@ -19,32 +19,48 @@ from .conftest import ROOT
 PACKAGE = ROOT / "autoln"
 
 
+def module_names(package_dir: Path) -> dict[str, Path]:
+    """``{dotted name relative to the package: file}`` for every module of the package in
+    ``package_dir``, folders included (a folder is named by its ``__init__.py``, the package
+    itself ``__init__``), e.g. ``tune.report``, ``tune``, ``__init__``."""
+    names = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts) or "__init__"] = path
+    return names
+
+
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """``{module: modules of the package it imports}`` for the flat package in ``package_dir``,
-    from every ``import``/``from`` statement anywhere in each file (function bodies included).
-    Modules are named by their file stem (``__init__`` for the package itself)."""
+    """``{module: modules of the package it imports}`` for the package in ``package_dir`` (its
+    folders included, modules named as :func:`module_names` names them), from every
+    ``import``/``from`` statement anywhere in each file (function bodies included). ``from X
+    import y`` is an edge to ``X.y`` when that is a module (``from autoln.core import io``), else
+    to ``X`` (``from autoln.config import Config``: the folder's ``__init__``)."""
     name = package_dir.name
-    modules = {p.stem for p in package_dir.glob("*.py")}
+    modules = module_names(package_dir)
     graph: dict[str, set[str]] = {}
-    for path in sorted(package_dir.glob("*.py")):
+    for module, path in modules.items():
+        own = [] if module == "__init__" else module.split(".")
+        here = own if path.name == "__init__.py" else own[:-1]  # the package a relative import starts from
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets = [".".join(a.name.split(".")[1:]) for a in node.names if a.name.split(".")[0] == name]
             elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == name):
-                base = (node.module or "") if node.level else (node.module or "").partition(".")[2]
-                # `from . import x` and `from autoln import x` name modules; `from .x import y` names x
-                targets = [f"{name}.{base}"] if base else [f"{name}.{alias.name}" for alias in node.names]
+                if node.level:
+                    base = here[:len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
+                else:
+                    base = node.module.split(".")[1:]
+                targets = []
+                for alias in node.names:
+                    sub = ".".join(base + [alias.name])
+                    targets.append(sub if sub in modules else ".".join(base))
             else:
                 continue
-            for target in targets:
-                head, _, rest = target.partition(".")
-                if head != name:
-                    continue
-                module = rest.split(".")[0] if rest else "__init__"
-                if module in modules and module != path.stem:
-                    edges.add(module)
-        graph[path.stem] = edges
+            edges |= {t or "__init__" for t in targets if (t or "__init__") in modules and (t or "__init__") != module}
+        graph[module] = edges
     return graph
 
 
@@ -78,11 +94,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def _copy_with_circle(tmp_path: Path) -> Path:
     """A copy of the repository's package and pyproject.toml under ``tmp_path`` in which
-    tune_report imports tune inside a function (tune imports tune_report: a circle)."""
+    ``race/rule.py`` imports ``race/run_race.py`` inside a function (run_race imports rule: a circle
+    inside a folder) and ``core/io.py`` imports ``race/rule.py`` (the lowest layer imports upwards)."""
     shutil.copytree(PACKAGE, tmp_path / "autoln", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with open(tmp_path / "autoln" / "tune_report.py", "a", encoding="utf-8") as fh:
-        fh.write("\n\ndef _circle():\n    from .tune import run_tune\n")
+    with open(tmp_path / "autoln" / "race" / "rule.py", "a", encoding="utf-8") as fh:
+        fh.write("\n\ndef _circle():\n    from autoln.race.run_race import run_race\n")
+    with open(tmp_path / "autoln" / "core" / "io.py", "a", encoding="utf-8") as fh:  # a layer imports upwards
+        fh.write("\n\ndef _upwards():\n    from autoln.race.rule import REVISION\n")
     return tmp_path
 
 
@@ -102,14 +121,16 @@ def test_lint_imports_keeps_the_contracts():
 def test_lint_imports_fails_on_an_added_circle(tmp_path):
     proc = _lint_imports(_copy_with_circle(tmp_path))
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "autoln.tune.report is not allowed to import autoln.tune" in proc.stdout
-    assert ".tune_report -> .tune" in proc.stdout  # the acyclic contract's cycle breaker
+    assert "autoln.core.io -> autoln.race.rule" in proc.stdout  # the layers contract names the import
+    assert "No cycles are allowed in autoln.race." in proc.stdout and ".run_race -> .rule" in proc.stdout
 
 
 def test_the_import_graph_of_autoln_has_no_cycle():
     graph = import_graph(PACKAGE)
-    assert {"compare", "run_retrain", "runs", "tune", "tune_report"} <= set(graph)
-    assert "run_retrain" in graph["compare"] and "runs" in graph["run_retrain"]  # function-level imports are edges
+    assert {"retrain.compare", "retrain.run_retrain", "runs.folders", "tune", "race.rule", "__init__"} <= set(graph)
+    # function-level imports are edges; `from autoln.core import distributed` names the module
+    assert "retrain.run_retrain" in graph["retrain.compare"] and "runs.folders" in graph["retrain.run_retrain"]
+    assert "core.distributed" in graph["retrain.run_retrain"] and "config" in graph["retrain.run_retrain"]
     assert find_cycle(graph) is None, f"import circle: {' -> '.join(find_cycle(graph))}"
 
 
@@ -117,7 +138,7 @@ def test_the_graph_check_finds_an_added_circle(tmp_path):
     graph = import_graph(_copy_with_circle(tmp_path) / "autoln")
     cycle = find_cycle(graph)
     assert cycle is not None and cycle[0] == cycle[-1]
-    assert {"tune", "tune_report"} <= set(cycle)
+    assert {"race.rule", "race.run_race"} <= set(cycle)
 
 
 def test_find_cycle_on_small_graphs():
@@ -152,10 +173,74 @@ def test_every_function_of_the_package_fits_on_a_hundred_lines():
     import ast
 
     long = []
-    for path in sorted((ROOT / "autoln").glob("*.py")):
+    for path in sorted((ROOT / "autoln").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 first = min([node.lineno] + [d.lineno for d in node.decorator_list])
                 if node.end_lineno - first + 1 > 100:
-                    long.append(f"{path.name}:{node.name} ({node.end_lineno - first + 1} lines)")
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - first + 1} lines)")
     assert not long, long
+
+
+#: Every public name of ``autoln`` before the package was laid out in folders, each with what it
+#: is: the names a user types (README, *Your own model*) must not move or change kind.
+PUBLIC = {"Comparison": "class", "RaceOutcome": "class", "SearchConfig": "class", "SearchModel": "class",
+          "SearchOutcome": "class", "Site": "class", "SiteGenotype": "class", "compare_genotypes": "function",
+          "deepnorm_weights": "function", "derive": "function", "load_derived": "function",
+          "race_genotypes": "function", "search": "function"}
+
+
+def test_every_public_name_is_still_there_and_is_what_it_was():
+    import inspect
+
+    assert sorted(autoln.__all__) == sorted(PUBLIC)
+    for name, kind in PUBLIC.items():
+        obj = getattr(autoln, name)
+        assert (inspect.isclass(obj) if kind == "class" else inspect.isfunction(obj)), name
+        assert obj.__name__ == name and obj.__module__.startswith("autoln."), (name, obj.__module__)
+        assert obj.__doc__ and len(obj.__doc__) > 80, f"{name} lost its docstring"
+    # a folder named like a public name would shadow it once imported (autoln.search is a function)
+    import importlib
+
+    for folder in ("api", "oneshot", "retrain", "race", "models"):
+        importlib.import_module(f"autoln.{folder}")
+    assert inspect.isfunction(autoln.search) and inspect.isfunction(autoln.derive)
+    folders = {p.name for p in (ROOT / "autoln").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in (ROOT / "autoln").rglob("*.py")}
+    assert not (folders | modules) & set(PUBLIC)
+
+
+def test_every_folder_says_what_it_is_for():
+    """Each folder's ``__init__.py`` opens with a docstring of a few lines: what the folder is for
+    and what it hands on."""
+    for init in sorted((ROOT / "autoln").rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc.split()) >= 20 and "TODO" not in doc, f"{init.relative_to(ROOT)} does not say what it is for"
+
+
+#: Modules allowed past :data:`MODULE_LINES`, each with why (docs/design.md, *Layout*).
+LONGER = {}
+MODULE_LINES = 500
+
+
+def test_no_module_runs_over_five_hundred_lines():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "autoln").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    assert set(long) <= set(LONGER), long
+
+
+def test_the_layers_contract_names_every_folder_in_design_md_order():
+    """pyproject.toml's layers are the folders of autoln (and diagnose), and docs/design.md's
+    layout table lists the same folders in the same order, top to bottom."""
+    import re
+    import tomllib
+
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"][0]
+    layers = [[n.strip() for n in re.split(r"[|:]", layer)] for layer in contract["layers"]]
+    named = {n for layer in layers for n in layer}
+    present = {p.name for p in (ROOT / "autoln").iterdir() if (p / "__init__.py").exists()} | \
+        {p.stem for p in (ROOT / "autoln").glob("*.py") if p.stem != "__init__"}
+    assert named == present
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    table = re.findall(r"^\| `autoln/([a-z_]+)(?:/|\.py)` \|", design, re.M)
+    assert table == [n for layer in layers for n in layer], "docs/design.md's layout table is not the contract's order"

@@ -1,11 +1,10 @@
-"""experiments/reference_model.py, the independent minimal model that checks a badly losing
+"""experiments/truth/reference_model.py, the independent minimal model that checks a badly losing
 baseline: with autoln's weights copied in it computes the same function as autoln's derived model
 for each of its placements, and its own start matches autoln's documented one."""
 
 from __future__ import annotations
 
 import json
-import sys
 import types
 
 import numpy as np
@@ -14,11 +13,7 @@ import torch
 
 from autoln.config import ModelConfig
 from autoln.models.model import build_derived
-
-from .conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "experiments"))
-import reference_model as ref  # noqa: E402
+from experiments.truth import reference_model as ref
 
 L, D, H, FF, T, V = 3, 16, 2, 40, 8, 11
 
@@ -103,7 +98,7 @@ def test_the_reference_recipe_is_retrain_s_defaults():
     assert r["context"] == ModelConfig().context
     for step in (0, 10, 49, 50, 51, 500, 998, 999):
         assert ref.lr_factor(step) == pytest.approx(lr_factor(step, cfg), abs=1e-12), step
-    no_warmup = RetrainConfig(warmup_steps=0)  # experiments/validate.py's highlr
+    no_warmup = RetrainConfig(warmup_steps=0)  # experiments/common/validate.py's highlr
     for step in (0, 1, 50, 500, 999):
         assert ref.lr_factor(step, 0) == pytest.approx(lr_factor(step, no_warmup), abs=1e-12), step
     assert ref.lr_factor(0, 0) == 1.0

@@ -90,12 +90,12 @@ def never_waiting(monkeypatch) -> None:
     (today's main, its journal replayed headless, can wait forever on a trial it thinks runs)."""
     import time
 
-    from autoln import tune
+    from autoln.tune import workers
 
     def sleep(seconds: float) -> None:
         raise AssertionError(f"the worker waits ({seconds} s) for a running trial that no worker runs")
 
-    monkeypatch.setattr(tune, "time", SimpleNamespace(sleep=sleep, perf_counter=time.perf_counter))
+    monkeypatch.setattr(workers, "time", SimpleNamespace(sleep=sleep, perf_counter=time.perf_counter))
 
 
 def rows(out: Path) -> list[dict]:

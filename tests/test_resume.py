@@ -350,11 +350,11 @@ def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["search.py", "--seeds", "3", "--out", "s"])
     assert resume_command(Path("s/seed0")).endswith("search.py --seeds 3 --out s")
     # an experiment script has no --resume: run again as it was, it continues its runs
-    monkeypatch.setattr(sys, "argv", ["experiments/ground_truth.py", "--settings", "deep", "--out", "v"])
-    assert resume_command(Path("v/deep/compare/g00/seed0")).endswith("experiments/ground_truth.py --settings deep --out v")
+    monkeypatch.setattr(sys, "argv", ["experiments/truth/ground_truth.py", "--settings", "deep", "--out", "v"])
+    assert resume_command(Path("v/deep/compare/g00/seed0")).endswith("experiments/truth/ground_truth.py --settings deep --out v")
     # ... and never with --overwrite, which would redo what is finished
-    monkeypatch.setattr(sys, "argv", ["experiments/validate.py", "--overwrite", "--out", "v"])
-    assert resume_command(Path("v/deep/search")).endswith("experiments/validate.py --out v")
+    monkeypatch.setattr(sys, "argv", ["experiments/common/validate.py", "--overwrite", "--out", "v"])
+    assert resume_command(Path("v/deep/search")).endswith("experiments/common/validate.py --out v")
     monkeypatch.setattr(sys, "argv", ["search.py", "--seeds", "3", "--overwrite", "--out", "s"])
     assert resume_command(Path("s/seed0")).endswith("search.py --seeds 3 --out s")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/autoln-retrain", "--genotype", "all-pre"])

@@ -1,4 +1,4 @@
-"""The retrain table (experiments/retrain_table.py, issue 34): reading and writing (append, reuse,
+"""The retrain table (experiments/common/retrain_table.py, issue 34): reading and writing (append, reuse,
 a damaged row refused in one line), the seeds' noise ceiling, random search replayed from the
 table against successive halving counted by hand, and a restored row that run_compare reuses
 instead of retraining."""
@@ -13,10 +13,9 @@ import pytest
 
 from .conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "experiments"))
-table = importlib.import_module("retrain_table")
-halving = importlib.import_module("halving")
-race_replay = importlib.import_module("race_replay")
+table = importlib.import_module("experiments.common.retrain_table")
+halving = importlib.import_module("experiments.common.halving")
+race_replay = importlib.import_module("experiments.race.race_replay")
 
 SPACE = "pre+post+deepnorm"
 CID = "0123456789ab"
@@ -180,8 +179,8 @@ def test_dependable_and_horizon_commands_on_the_tiny_config(tmp_path, cache_dir,
     import json
 
     monkeypatch.setenv("XDG_CACHE_HOME", cache_dir)
-    dependable = importlib.import_module("dependable")
-    horizon = importlib.import_module("horizon")
+    dependable = importlib.import_module("experiments.stability.dependable")
+    horizon = importlib.import_module("experiments.truth.horizon")
     out, path = tmp_path / "v", tmp_path / "t.csv"
     common = [*TINY_ARGS, "--out", str(out), "--table", str(path)]
     assert dependable.main([*common, "--method", "default", "--search-seeds", "0,1"]) == 0

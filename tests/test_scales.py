@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autoln.config import ModelConfig, load_config
-from autoln.models.model import Site, candidate_scales, output_scales
+from autoln.models.site import Site, candidate_scales, output_scales
 from autoln.oneshot.run_search import run_search
 from autoln.models.supernet import Supernet
 
@@ -74,7 +74,7 @@ def test_scales_do_not_change_the_supernet_s_output():
 
 
 def test_common_scale_brings_each_candidate_to_the_weighted_rms():
-    from autoln.models.model import common_scale_mix
+    from autoln.models.site import common_scale_mix
 
     a, b = torch.full((1, 2, 4), 0.03), torch.full((1, 2, 4), 1.0)  # a raw stream and a normalised one
     w = torch.tensor([0.25, 0.75])
@@ -111,7 +111,7 @@ def test_common_scale_is_a_search_setting_of_both_supernets(tmp_path):
     import sys
 
     from autoln.config import CANDIDATE_SCALES
-    from autoln.models.model import CANDIDATE_SCALES as SITE_SCALES
+    from autoln.models.site import CANDIDATE_SCALES as SITE_SCALES
 
     assert CANDIDATE_SCALES == SITE_SCALES
     net = Supernet(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_ff=16, context=4), 5, candidate_scale="common")

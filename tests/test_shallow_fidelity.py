@@ -1,4 +1,4 @@
-"""The `shallow` seven-candidate table's noise ceiling (experiments/shallow_fidelity.py --ceiling)."""
+"""The `shallow` seven-candidate table's noise ceiling (experiments/fidelity/shallow_fidelity.py --ceiling)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_the_ceiling_is_tau_of_the_sample_s_first_twenty_at_seeds_0_and_1_read_f
     """Every retrain is in the repository's table: the ceiling retrains nothing, and equals
     scipy's Kendall tau over the first 20 sampled genotypes' seed-0 and seed-1 rows."""
     corpus = shared_path("wikitext-2")
-    fid = experiment_script("shallow_fidelity")
+    fid = experiment_script("fidelity/shallow_fidelity")
 
     def refuse(*a, **k):
         raise AssertionError("the ceiling retrained a genotype the table holds")
@@ -42,7 +42,7 @@ def test_the_ceiling_is_tau_of_the_sample_s_first_twenty_at_seeds_0_and_1_read_f
 
 
 def test_a_negative_ceiling_is_refused_in_one_line(capsys):
-    fid = experiment_script("shallow_fidelity")
+    fid = experiment_script("fidelity/shallow_fidelity")
     with pytest.raises(SystemExit) as exc:
         fid.main(["--ceiling", "-1"])
     assert exc.value.code == 2

@@ -514,7 +514,7 @@ def test_postgres_killed_worker_fails_by_heartbeat_and_is_rerun(postgres, tmp_pa
 def test_a_long_differing_value_is_cut_in_the_one_line_error():
     """A differing ``tune.space`` (a dict) is shown in at most 60 characters, so the refusal stays
     readable; short values are shown whole."""
-    from autoln.tune import _clipped_repr
+    from autoln.tune.storage import _clipped_repr
 
     space = {"search.arch_lr": {"log-uniform": [1e-4, 3e-2]}, "search.lr": {"log-uniform": [5e-4, 5e-3]}}
     assert _clipped_repr(space) == repr(space)[:57] + "..." and len(_clipped_repr(space)) == 60

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from autoln.config import Config
+from autoln.config.runs import Config
 
 #: Meanings of the keys shared by ``search`` and ``retrain`` (:class:`autoln.config.TrainConfig`).
 TRAIN_HELP = {
@@ -135,7 +135,7 @@ def reference_markdown() -> str:
     """docs/configuration.md: one table per section, ``| key | default | meaning |``."""
     cfg = Config()
     out = ["# Configuration reference", "",
-           "Every key, its built-in default and its meaning, generated from `autoln/config.py` by "
+           "Every key, its built-in default and its meaning, generated from `autoln/config/` by "
            "`python -m autoln.config.reference --write docs/configuration.md` (a test keeps it current). Set a key in a YAML "
            "file (`--config FILE`, sections as below) or with `--set section.key=value`. A key left at its default fits the "
            "keys you set (e.g. a warm-up longer than a short run shrinks, with a note); two keys you set that contradict "

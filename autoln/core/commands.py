@@ -40,7 +40,7 @@ def command_line(script: str, *args) -> str:
 
 #: The folder of the clone autoln runs from (an editable install): ``search.py``, ``retrain.py``
 #: and ``pyproject.toml`` lie there.
-CLONE = Path(__file__).resolve().parent.parent
+CLONE = Path(__file__).resolve().parents[2]
 
 
 def _here(path: Path) -> Path:
@@ -153,7 +153,7 @@ def resume_command(out: Path) -> str:
     """The command that continues the interrupted run in ``out``: this process's own command
     line (``sys.argv``) without ``--overwrite``, with ``--resume`` and ``--out out`` added when
     missing. A command of several jobs (``--seeds``, ``--tune``, ``--compare``) and any command
-    other than :data:`RESUME_COMMANDS` (e.g. ``experiments/validate.py``) resumes by being run
+    other than :data:`RESUME_COMMANDS` (e.g. ``experiments/common/validate.py``) resumes by being run
     again as it was, without ``--overwrite``. Under ``torchrun`` the command is the same
     torchrun command (:func:`rerun_line`)."""
     script = sys.argv[0]

@@ -32,7 +32,7 @@ def site_names(n_layers: int, granularity: str) -> list[str]:
 
 class SupernetMixin(abc.ABC):
     """What makes a module a supernet, shared by :class:`Supernet` (autoln's own model) and
-    :class:`autoln.api.SearchModel` (a user's model with :class:`autoln.models.model.Site` s): the
+    :class:`autoln.api.SearchModel` (a user's model with :class:`autoln.models.site.Site` s): the
     architecture parameters ``alphas`` ``(n_sites, K)`` over ``candidates``, the mixing
     function and its temperature ``tau``, the sites fixed by perturbation-based selection
     (``projected``), and the narrow interface the architect, the selection and the search loop
@@ -120,7 +120,7 @@ class Supernet(SupernetMixin, TransformerLM):
         arch_init_std: alphas start as ``arch_init_std * randn`` (DARTS: 1e-3).
         tau: temperature of the mixing function (the search anneals it by setting ``.tau``).
         mixing: key of :data:`autoln.space.mixing.MIXINGS`.
-        candidate_scale: ``raw`` or ``common`` (:func:`autoln.models.model.common_scale_mix`), set on every site.
+        candidate_scale: ``raw`` or ``common`` (:func:`autoln.models.site.common_scale_mix`), set on every site.
 
     Raises:
         ValueError: unknown ``mixing``.
@@ -163,11 +163,11 @@ class Supernet(SupernetMixin, TransformerLM):
 
 
 def set_candidate_scale(model: nn.Module, candidate_scale: str) -> None:
-    """Set ``candidate_scale`` (:data:`autoln.models.model.CANDIDATE_SCALES`) on every searched site of ``model``.
+    """Set ``candidate_scale`` (:data:`autoln.models.site.CANDIDATE_SCALES`) on every searched site of ``model``.
 
     Raises:
         ValueError: an unknown value."""
-    from autoln.models.model import CANDIDATE_SCALES, Site
+    from autoln.models.site import CANDIDATE_SCALES, Site
 
     if candidate_scale not in CANDIDATE_SCALES:
         raise ValueError(f"unknown candidate_scale {candidate_scale!r}; expected one of {list(CANDIDATE_SCALES)}")

@@ -116,7 +116,7 @@ def resume_loop(loop: SearchLoop, ckpt: Optional[dict]) -> None:
 class Monitor(Callback):
     """The collapse monitor at every evaluation (entropies, genotype changes and, with a fixed
     Hessian ``batch``, the alpha Hessian's largest eigenvalue and each site's candidate output
-    RMS and share of the mixture on that batch, :func:`autoln.models.model.candidate_scales`, kept over
+    RMS and share of the mixture on that batch, :func:`autoln.models.site.candidate_scales`, kept over
     the search in ``loop.state["scales"]``), with R-DARTS' early stop when
     ``early_stop``: the loop stops and returns the architecture of ``DELTA`` evaluations before
     the rise (:meth:`autoln.oneshot.monitor.CollapseMonitor.before_rise`). Its record is
@@ -142,7 +142,7 @@ class Monitor(Callback):
     def on_evaluate(self, loop: SearchLoop, step: int) -> None:
         record = self.monitor.update(loop.model, self.batch, step)
         if self.batch is not None:  # each candidate's output scale and share of the mixture (docs/design.md)
-            from autoln.models.model import candidate_scales
+            from autoln.models.site import candidate_scales
 
             record["scales"] = candidate_scales(loop.model, self.batch[0], lambda x: loop.model(x))
             loop.state.setdefault("scales", []).append({"step": step, "sites": record["scales"]})

@@ -223,7 +223,7 @@ def site_notes(sites: Sequence[str], candidates: Sequence[str], chosen: Sequence
 
     Args: ``sites`` names; ``candidates`` ``(K,)``; ``chosen`` the placement per site; ``probs``
     ``(n_sites, K)``; ``rises`` per site ``K`` loss rises (nats/token, None for NaN) or None;
-    the lines give rises times ``scale`` in ``unit`` (:func:`autoln.cli.loss_unit`: the valid line's).
+    the lines give rises times ``scale`` in ``unit`` (:func:`autoln.cli.search_command.loss_unit`: the valid line's).
     """
     notes: list[tuple[str, str]] = []
     if rises is not None:

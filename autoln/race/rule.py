@@ -3,7 +3,7 @@
 The rule, and only the rule, lives here: pure functions of the measurements so far, shared by
 ``search.py``'s race (run through an Optuna study, :mod:`autoln.race.run_race`), the API's
 (:func:`autoln.race_genotypes`) and the replay of a race from a table of retrains
-(``experiments/race_replay.py``). Lower values are better throughout (a valid loss, bits per byte).
+(``experiments/race/race_replay.py``). Lower values are better throughout (a valid loss, bits per byte).
 
 - **Pool.** Entries, each a genotype (its placements, the identity: a genotype is entered once)
   of kind ``searched`` (the supernet's read-off, its argmax, its top ``k`` by one-hot score) or

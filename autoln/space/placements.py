@@ -180,7 +180,7 @@ class Placement(nn.Module, abc.ABC):
     :meth:`output` (and :meth:`branch_input` unless ``input == "raw"``). ``input`` says what ``F`` is fed:
     ``"raw"`` (``x``: every such candidate of a site shares one call of ``F``), ``"norm"``
     (``self.norm(x)``: candidates of a site with the same ``affine`` share the module
-    ``self.norm`` and so one call of ``F``, see :class:`autoln.models.model.Site`) or ``"own"`` (a
+    ``self.norm`` and so one call of ``F``, see :class:`autoln.models.site.Site`) or ``"own"`` (a
     call of its own). ``normalises_stream``: the sublayer's output, the residual stream the next
     sublayer reads, is itself a norm's output (Post-LN, DeepNorm: per-token RMS about 1 at unit
     gain), rather than the incoming stream plus a branch (:func:`stream_groups`).

@@ -1,0 +1,4 @@
+"""What every experiment builds on: the table of every measured retrain (``retrain_table``),
+successive halving (``halving``), and the three settings with the searched genotype against
+every named baseline (``validate``: is the searched genotype the right answer?).
+"""

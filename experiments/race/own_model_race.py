@@ -1,0 +1,190 @@
+"""The race in nanoGPT's own model (issue 43): the API's search and race, then the answer against
+the model's own Pre-LN and the best named placement at fresh seeds.
+
+Setting: ``experiments/race/own_model.py``'s (``examples/gpt.py``, tiny Shakespeare as characters,
+nanoGPT's recipe, 4 layers of width 64, 500 steps). Per candidate set (``3``: pre post deepnorm;
+``7``: the seven) and search seed ``s``:
+
+1. ``autoln.search`` with ``search.py``'s default schedule (``cli``), D_w and D_alpha the two
+   halves of the training split, kept as ``experiments/own_model/race<K>_seed<s>.json`` (the
+   answer with its shortlist);
+2. ``autoln.race_genotypes`` over its read-off, argmax and shortlist, the named placements and
+   the model's own ``pre``, with nanoGPT's loop at each rung's length (its warm-up scaled with the
+   length and its cosine ending there: :func:`rung_recipe`) and the validation loss over every
+   window (nats per character), race seeds 0, 1, 2;
+3. the answer and the best named placement (by the table's seeds 0-2 mean; ``all-pre`` when it
+   is the answer) retrained at the fresh seeds 3, 4, 5.
+
+Every retrain is a row of ``experiments/own_model_truth.csv`` (the ground truth's table: a
+genotype at a seed and a length is one retrain, whoever asked for it) and is reused from it,
+so a race is never paid for twice and can be replayed from the table. One row per race goes to
+``experiments/own_model_race.csv``::
+
+    OMP_NUM_THREADS=1 python experiments/race/own_model_race.py --data input.txt --candidates 3,7 --search-seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))  # for experiments.*
+from gpt import GPT, GPTConfig  # noqa: E402
+from nanogpt_recipe import Recipe, batches, load_data, train, val_loss  # noqa: E402
+from experiments.truth.own_model_truth import SETUP, SIZE, TABLE, append_row, current_commit  # noqa: E402
+
+import autoln  # noqa: E402
+from autoln.api.racing import named_site_genotypes  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
+from autoln.models.site import Site  # noqa: E402
+
+SETS = {"3": ("pre", "post", "deepnorm"), "7": ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")}
+RACES = ROOT / "experiments" / "own_model_race.csv"
+ANSWERS = ROOT / "experiments" / "own_model"
+FRESH = (3, 4, 5)
+RACE_FIELDS = ["candidates", "search_seed", "rule", "read_off", "answer", "answer_genotype", "outcome", "p_value", "verdict",
+               "search_s", "race_s", "retrains", "fresh_answer", "fresh_best_named", "best_named", "fresh_pre", "commit"]
+
+
+def rung_recipe(steps: int) -> tuple[Recipe, str]:
+    """nanoGPT's recipe at ``steps`` with its schedule's shape kept (the warm-up scaled with the
+    length, as ``search.py``'s race scales it) and the table's ``setup`` of such a retrain: the
+    ground truth's own at the full 500 steps, marked ``warmup-scaled`` at a shorter rung."""
+    full = Recipe()
+    recipe = Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps))
+    return recipe, SETUP if steps == full.steps else f"{SETUP} warmup-scaled"
+
+
+def table_values(path: Path = TABLE) -> dict[tuple[str, int, int, str], float]:
+    """Every retrain of this set-up in the table: ``(genotype, seed, steps, setup) -> val``."""
+    if not path.exists():
+        return {}
+    with open(path, newline="", encoding="utf-8") as f:
+        return {(r["genotype"], int(r["seed"]), int(r["steps"]), r["setup"]): float(r["val"]) for r in csv.DictReader(f)
+                if r["setup"].startswith(SETUP)}
+
+
+def search_answer(cands: tuple[str, ...], seed: int, data, vocab: int, recipe: Recipe) -> autoln.SiteGenotype:
+    """The API search's answer at ``seed`` (kept in ``ANSWERS``; its wall time in provenance)."""
+    path = ANSWERS / f"race{len(cands)}_seed{seed}.json"
+    if path.exists():
+        return autoln.SiteGenotype.load(path)
+    half = len(data[0]) // 2
+    torch.manual_seed(seed)
+    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=cands))
+    outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
+                            arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
+                            seed=seed, progress=False)
+    ANSWERS.mkdir(parents=True, exist_ok=True)
+    outcome.genotype.save(path)
+    return outcome.genotype
+
+
+class Trainer:
+    """Retrains of the set-up, read from the table when there and recorded in it when not."""
+
+    def __init__(self, cands: tuple[str, ...], data, vocab: int) -> None:
+        self.cands, self.data, self.vocab = cands, data, vocab
+        self.done = table_values()
+        self.commit = current_commit()
+        self.spent = 0.0
+        self.ran = 0
+
+    def build(self) -> GPT:
+        return GPT(GPTConfig(**SIZE, vocab_size=self.vocab, norm_candidates=self.cands))
+
+    def value(self, genotype: autoln.SiteGenotype, seed: int, steps: int, name: str) -> float:
+        """The validation loss of ``genotype`` trained at ``seed`` for ``steps`` (table first)."""
+        recipe, setup = rung_recipe(steps)
+        key = (genotype.describe(), seed, steps, setup)
+        if key in self.done:
+            return self.done[key]
+        torch.manual_seed(seed)
+        model = autoln.derive(self.build(), genotype)
+        t0 = time.perf_counter()
+        train(model, self.data[0], SIZE["block_size"], recipe, seed)
+        val, secs = val_loss(model, self.data[1], SIZE["block_size"]), time.perf_counter() - t0
+        append_row(TABLE, {"space": "+".join(self.cands), "name": name, "genotype": key[0], "seed": seed, "steps": steps,
+                           "val": f"{val:.6f}", "train_s": f"{secs:.1f}", "setup": setup, "commit": self.commit})
+        self.done[key] = float(f"{val:.6f}")
+        self.spent += secs
+        self.ran += 1
+        print(f"[race] {name} seed {seed} at {steps} steps: {key[0]}  val {val:.4f} ({secs:.0f} s)", file=sys.stderr, flush=True)
+        return self.done[key]
+
+
+def placements_of(model) -> dict[str, str]:
+    """A derived model's placement per site (each site holds one), in module order."""
+    return {n: next(iter(m.placements)) for n, m in model.named_modules() if isinstance(m, Site)}
+
+
+def race_one(k: str, seed: int, data, vocab: int) -> dict:
+    """One race (module docstring) and its fresh-seed check; the row of ``RACES``."""
+    cands = SETS[k]
+    recipe = Recipe()
+    searched = search_answer(cands, seed, data, vocab, recipe)
+    tr = Trainer(cands, data, vocab)
+
+    def train_fn(model, s, steps):  # the table holds the retrain, or it is run and recorded; evaluate reads it
+        placements = autoln.SiteGenotype(list(cands), placements_of(model), {})
+        model.autoln_value = tr.value(placements, s, steps, f"race{k}")
+
+    named = named_site_genotypes(tr.build())
+    t0 = time.perf_counter()
+    outcome = autoln.race_genotypes(tr.build, searched, train=train_fn, evaluate=lambda model: model.autoln_value,
+                                    steps=recipe.steps, own="pre", seed=0)
+    race_s = time.perf_counter() - t0
+    done = tr.done
+    named_means = {n: statistics.mean(done[(g.describe(), s, recipe.steps, SETUP)] for s in (0, 1, 2))
+                   for n, g in named.items() if all((g.describe(), s, recipe.steps, SETUP) in done for s in (0, 1, 2))}
+    best_named = min(named_means, key=named_means.get) if named_means else "all-pre"
+    fresh = {}
+    for name, g in (("answer", outcome.genotype), ("best_named", named[best_named]), ("pre", named["all-pre"])):
+        fresh[name] = [tr.value(g, s, recipe.steps, f"fresh{k}:{name}") for s in FRESH]
+    return {"candidates": k, "search_seed": seed, "rule": REVISION, "read_off": searched.describe(), "answer": outcome.verdict.answer.name,
+            "answer_genotype": outcome.genotype.describe(), "outcome": outcome.verdict.outcome,
+            "p_value": "" if outcome.verdict.p_value is None else f"{outcome.verdict.p_value:.4g}", "verdict": outcome.verdict.line,
+            "search_s": f"{searched.provenance.get('wall_time_s', 0):.1f}", "race_s": f"{race_s:.1f}",
+            "retrains": len(outcome.values), "fresh_answer": " / ".join(f"{v:.4f}" for v in fresh["answer"]),
+            "fresh_best_named": " / ".join(f"{v:.4f}" for v in fresh["best_named"]), "best_named": best_named,
+            "fresh_pre": " / ".join(f"{v:.4f}" for v in fresh["pre"]), "commit": tr.commit}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters)")
+    p.add_argument("--candidates", default="3,7", help="candidate sets: 3 and/or 7")
+    p.add_argument("--search-seeds", default="0")
+    args = p.parse_args(argv)
+    try:
+        train_data, val_data, vocab = load_data(args.data)
+    except ValueError as exc:
+        p.error(f"--data {exc}")
+    have = set()
+    if RACES.exists():
+        with open(RACES, newline="", encoding="utf-8") as f:
+            have = {(r["candidates"], int(r["search_seed"]), r["rule"]) for r in csv.DictReader(f)}
+    for k in args.candidates.split(","):
+        if k not in SETS:
+            p.error(f"--candidates: expected 3 or 7, got {k!r}")
+        for seed in (int(s) for s in args.search_seeds.split(",")):
+            if (k, seed, REVISION) in have:
+                continue
+            row = race_one(k, seed, (train_data, val_data), vocab)
+            append_csv_row(RACES, RACE_FIELDS, row)
+            print(f"[race] {k} candidates, search seed {seed}: {row['verdict']}\n  fresh seeds {FRESH}: answer {row['fresh_answer']}, "
+                  f"{row['best_named']} {row['fresh_best_named']}, all-pre {row['fresh_pre']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
