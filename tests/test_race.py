@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -70,9 +72,16 @@ def test_the_curtailed_final_follows_from_student_s_t():
     # one difference d_1 >= 0 among n: the paired t statistic is at least -(n - 1), e.g. d = (0, -x, -x) gives exactly -2
     assert paired_p([1.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(float(t.cdf(-2.0, 2)))
     assert float(t.cdf(-2.0, 2)) == pytest.approx(0.0918, abs=1e-4) and 0.0918 > 0.05  # so n = 3 at level 0.05 stops
-    assert RaceRule().curtails() and RaceRule(final_seeds=2).curtails()
-    assert not RaceRule(final_seeds=4).curtails()  # -3 < t(0.05, 3) = -2.353: four seeds could still pass
-    assert not RaceRule(level=0.1).curtails()  # -2 < t(0.1, 2) = -1.886
+    from autoln.race.sequential import Design, decide, reachable
+
+    three = Design(3, 3, 0.05)  # one look at 3 seeds: the t statistic must reach t(0.05, 2) = -2.920
+    assert three.t_bound(3) == pytest.approx(-2.919986, abs=1e-6)
+    assert decide([0.0], three) == "lose" and decide([-1.0, 0.5], three) == "lose"  # one difference >= 0: t >= -2
+    assert decide([-1.0, -0.5], three) == "go on" and decide([-1.0], three) == "go on"
+    assert decide([-1.0, 0.0], Design(2, 2, 0.05)) == "lose"
+    assert reachable([-1.0, 0.0], 4, Design(4, 4, 0.05).t_bound(4))  # -3 < t(0.05, 3) = -2.353: four seeds could still pass
+    assert reachable([-1.0, 0.0], 3, Design(3, 3, 0.1).t_bound(3))  # -2 < t(0.1, 2) = -1.886
+    assert not reachable([-1.0, 0.0], 3, three.t_bound(3))
 
 
 #: A table counted by hand: 5 named and 5 searched entries, 1000 steps, eta 3. Rung 111 runs the
@@ -87,12 +96,14 @@ TABLE = {
     ("top1", 1000, 0): 2.320, ("top1", 1000, 1): 2.322, ("top1", 1000, 2): 2.318,
 }
 NAMED = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "all-outnorm")
+#: Revision r2's final: one look, the plain paired t-test over 3 seeds (``max_seeds == final_seeds``).
+R2 = RaceRule(max_seeds=3)
 POOL = [Entry(n, p, "named") for n, p in zip(NAMED, "abcde")] + \
     [Entry(n, p, "searched") for n, p in zip(("read-off", "argmax", "top1", "top2", "top3"), "fghij")]
 
 
 def test_the_rule_against_a_table_counted_by_hand():
-    rule = RaceRule()
+    rule = R2
     first = plan(POOL, {}, 1000, rule)
     assert [j.key for j in first.pending] == [(n, 1000, 0) for n in NAMED] + \
         [(n, 111, 0) for n in ("read-off", "argmax", "top1", "top2", "top3")] and not first.done  # the long jobs first
@@ -115,7 +126,7 @@ def test_the_rule_against_a_table_counted_by_hand():
     assert v.answer.name == "top1" and v.outcome == "searched-wins"
     assert v.line.startswith("answer: top1 = h (beats all-outnorm at 1000 steps, 3 seeds: top1 2.3200 ± 0.0020, "
                              "all-outnorm 2.3360 ± 0.0050")
-    strict = verdict(done.finalists, TABLE, 1000, RaceRule(level=0.01), "bits/byte")  # the same values at a stricter level: a tie
+    strict = verdict(done.finalists, TABLE, 1000, RaceRule(level=0.01, max_seeds=3), "bits/byte")  # the same values at a stricter level: a tie
     assert strict.answer.name == "all-outnorm" and strict.outcome == "tie" and "tied with it" in strict.line
     measured = []
     p, values = run(POOL, 1000, rule, lambda job: measured.append(job.key) or TABLE[job.key])
@@ -126,24 +137,28 @@ def test_a_searched_finalist_behind_at_seed_0_ends_the_final_there():
     behind = {k: v for k, v in TABLE.items() if k[2] == 0}
     behind[("top1", 1000, 0)] = 2.336  # level with all-outnorm at seed 0: not ahead
     measured = []
-    p, values = run(POOL, 1000, RaceRule(), lambda job: measured.append(job.key) or behind[job.key])
+    p, values = run(POOL, 1000, R2, lambda job: measured.append(job.key) or behind[job.key])
     assert p.done and p.seeds == 1 and p.rungs[-1]["seeds"] == 1 and sorted(measured) == sorted(behind)  # no seed 1 or 2
-    v = verdict(p.finalists, values, 1000, RaceRule(), "bits/byte")
+    v = verdict(p.finalists, values, 1000, R2, "bits/byte")
     assert v.answer.name == "all-outnorm" and v.outcome == "named-wins" and v.p_value is None
     assert v.line == ("answer: all-outnorm (no searched placement beat it at 1000 steps, seed 0: best searched top1 2.3360, "
                       "all-outnorm 2.3360 bits/byte; behind at seed 0, it could not pass a one-sided paired t-test at level "
                       "0.05 over 3 seeds, so the final stopped there)")
     later = {**TABLE, ("top1", 1000, 1): 2.331}  # ahead at seed 0, level at seed 1: the final stops after two seeds
     measured = []
-    p2, values2 = run(POOL, 1000, RaceRule(), lambda job: measured.append(job.key) or later[job.key])
+    p2, values2 = run(POOL, 1000, R2, lambda job: measured.append(job.key) or later[job.key])
     assert p2.seeds == 2 and ("top1", 1000, 2) not in measured and ("all-outnorm", 1000, 2) not in measured
-    v2 = verdict(p2.finalists, values2, 1000, RaceRule(), "bits/byte")
-    assert v2.answer.name == "all-outnorm" and "not ahead at one of the 2 seeds run" in v2.line and "2 seeds" in v2.line
-    four = RaceRule(final_seeds=4)  # where four seeds could still pass, the final runs them all
-    p4, _ = run(POOL, 1000, four, lambda job: behind.get(job.key, 2.3))
+    v2 = verdict(p2.finalists, values2, 1000, R2, "bits/byte")
+    # ahead on the mean over 2 seeds but one difference is 0: t >= -2 at 3 seeds, no boundary within reach: a tie
+    assert v2.answer.name == "all-outnorm" and v2.outcome == "tie" and "no boundary of a one-sided paired t-test at level 0.05 " \
+        "over 3 seeds within reach at 2 seeds, so the final stopped there" in v2.line
+    four = RaceRule(final_seeds=4, max_seeds=4)  # where four seeds could still pass (t >= -3 < -2.353), the final goes on
+    p4, _ = run(POOL, 1000, four, lambda job: later.get(job.key, 2.3))
     assert p4.seeds == 4 and p4.rungs[-1]["seeds"] == 4
+    p5, _ = run(POOL, 1000, four, lambda job: behind.get(job.key, 2.3))  # not ahead on the mean at seed 0: futility, at once
+    assert p5.seeds == 1
     with pytest.raises(KeyError):  # a final that could not stop needs every seed
-        verdict(p.finalists, {**values, ("top1", 1000, 0): 2.30}, 1000, RaceRule())
+        verdict(p.finalists, {**values, ("top1", 1000, 0): 2.30}, 1000, R2)
 
 
 def test_paired_p_edge_cases():
@@ -255,6 +270,46 @@ def test_a_stopped_race_resumes_to_the_same_answer(searched, whole):
            [(j["entry"], j["steps"], j["seed"], j["value"]) for j in b["jobs"]]
 
 
+#: Paired differences (searched minus named) per final seed that cross no boundary of the default
+#: final at 3 or 4 seeds (t = -2.52 against -9.39; -2.93 against -4.12) and cross it at 5 (t = -3.92
+#: against -2.87): the sequential final runs seeds 0-4 and the searched finalist wins there.
+SEQUENTIAL = (-0.02, -0.005, -0.03, -0.01, -0.02, -0.015)
+
+
+def sequential_job(stop_at: Optional[int] = None):
+    """A rigged ``run_job``: named placements 3.0 plus a seed's noise, searched entries
+    :data:`SEQUENTIAL` below them; at the final's seed ``stop_at`` it stops as ``run_job`` does
+    on SIGTERM (the retrain's stop signals raise :class:`Interrupted`, which ``run_job`` words)."""
+    from autoln.runs.checkpoint import Interrupted
+
+    noise = (0.004, -0.002, 0.001, 0.003, -0.001, 0.002)
+
+    def fake(setup, job):
+        named = job.entry.startswith("all-") or job.entry in ("mix-ln", "pre-post")
+        if stop_at is not None and job.seed == stop_at:
+            raise Interrupted(signal.SIGTERM, f"stopped the race during {job.entry} at {job.steps} steps, seed {job.seed}")
+        return 3.0 + noise[job.seed] + (0.0 if named else SEQUENTIAL[job.seed]), {"run": "rigged", "wall_time_s": 0.0}
+    return fake
+
+
+def test_a_sequential_final_stopped_at_seed_4_resumes_to_the_same_answer(searched, monkeypatch, capsys):
+    whole_out, stopped = copy(searched, "sequential-whole"), copy(searched, "sequential-stopped")
+    monkeypatch.setattr(run_race, "run_job", sequential_job())
+    assert cli.search_main([*searched[1], "--out", str(whole_out), "--resume"]) == 0
+    record = json.loads((whole_out / "race" / "race.json").read_text())
+    assert record["verdict"]["outcome"] == "searched-wins" and "5 seeds" in capsys.readouterr().out
+    assert max(j["seed"] for j in record["jobs"]) == 4  # the final stopped at its win, seed 5 never ran
+    monkeypatch.setattr(run_race, "run_job", sequential_job(stop_at=4))
+    assert cli.search_main([*searched[1], "--out", str(stopped), "--resume"]) == 143
+    assert not (stopped / "race" / "race.json").exists()
+    monkeypatch.setattr(run_race, "run_job", sequential_job())
+    assert cli.search_main([*searched[1], "--out", str(stopped), "--resume"]) == 0
+    again = json.loads((stopped / "race" / "race.json").read_text())
+    assert again["verdict"] == record["verdict"]
+    assert [(j["entry"], j["steps"], j["seed"], j["value"]) for j in again["jobs"]] == \
+           [(j["entry"], j["steps"], j["seed"], j["value"]) for j in record["jobs"]]
+
+
 def test_two_workers_on_one_storage_run_each_retrain_once(searched, whole):
     two = copy(searched, "two")
     cmd = [sys.executable, str(ROOT / "search.py"), *searched[1], "--resume"]
@@ -272,8 +327,10 @@ def test_race_settings_are_checked_by_name(tmp_path):
     from autoln.core.errors import ConfigError
 
     for key, value, words in (("race.final_seeds", 1, "race.final_seeds must be at least 2"),
-                              ("race.eta", 1, "race.eta must be at least 2"), ("race.level", 1.5, "race.level must be in (0, 1)")):
-        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+                              ("race.eta", 1, "race.eta must be at least 2"), ("race.level", 0.5, "race.level must be in (0, 0.5)"),
+                              ("race.max_seeds", 2, "race.max_seeds must be at least race.final_seeds (3"),
+                              ("race.spending", "linear", "race.spending must be one of ['obrien-fleming', 'pocock']")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
             load_config(TINY, [f"{key}={value}"])
 
 
@@ -309,11 +366,11 @@ def test_race_genotypes_keeps_the_model_s_own_placement_in_the_final(capsys):
     outcome = autoln.race_genotypes(build, searched, train=lambda m, s, n: seen.append((s, n)), evaluate=evaluate, steps=90,
                                     unit="nats/char")
     # stderr is no terminal here, as in a redirected log: a line per retrain, its value in the unit given, the steps done
-    # out of the race's most (6 at 90 steps, then 2 finalists x 2 more seeds: 1080) and the time left at most
+    # out of the race's most (6 at 90 steps, then up to 3 finalists x 5 more seeds: 1890) and the time left at most
     import re
 
     lines = [ln for ln in capsys.readouterr().err.splitlines() if " steps, seed " in ln and "answer:" not in ln]
-    found = [re.fullmatch(r"autoln\.race_genotypes: \S+ at 90 steps, seed 0: \d\.\d{4} nats/char \((\d+)/1080 steps at most, "
+    found = [re.fullmatch(r"autoln\.race_genotypes: \S+ at 90 steps, seed 0: \d\.\d{4} nats/char \((\d+)/1890 steps at most, "
                           r"at most about \d\d:\d\d left\)", ln) for ln in lines]
     assert all(found) and [int(m.group(1)) for m in found] == [90 * k for k in range(1, 7)], "\n".join(lines)
     assert outcome.verdict.answer.name == "all-pre" and outcome.verdict.answer.own
@@ -402,7 +459,8 @@ def test_most_steps_is_the_work_of_a_race_whose_searched_finalist_leads_at_every
 
     entries = [Entry(f"s{i}", f"s{i}", "searched") for i in range(5)] + [Entry("all-pre", "p", "named", True)] \
         + [Entry(f"n{i}", f"n{i}", "named") for i in range(4)]
-    assert most_steps(entries, 1000, RaceRule()) == 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 == 13221
+    assert most_steps(entries, 1000, R2) == 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 == 13221
+    assert most_steps(entries, 1000, RaceRule()) == 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 5 * 1000 == 22221  # up to 6 seeds
     rank = {"s0": 1.0, "n1": 1.5, "all-pre": 1.7}
     _, values = run(entries, 1000, RaceRule(), lambda job: rank.get(job.entry, 2.0))
     assert steps_done(values) == 13221

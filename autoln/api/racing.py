@@ -83,13 +83,14 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
     """The race of ``search.py`` on a user's model (docs/design.md §10; the rule is
     :mod:`autoln.race.rule`): the search's shortlist against the named placements and the model's
     own placement, decided by real trainings: successive halving of the searched genotypes
-    ending at ``steps``, every named placement at ``steps`` (seed 0), the finalists at
-    ``rule.final_seeds`` seeds unless the searched one is behind at seed 0.
+    ending at ``steps``, every named placement at ``steps`` (seed 0), the finalists seed by seed,
+    ``rule.final_seeds`` to ``rule.max_seeds`` seeds, until the group-sequential final ends
+    (:mod:`autoln.race.sequential`; at seed 0 when the searched one is behind there).
 
     Per retrain, in this order: ``torch.manual_seed(seed + i)``, ``model = build()``,
     ``derive(model, genotype)``, ``train(model, seed + i, rung_steps)``, ``evaluate(model)``
     (``i`` the seed index: 0 at the short rungs and the named placements' first run,
-    ``0..final_seeds-1`` in the final at ``steps``).
+    ``0..max_seeds-1`` at most in the final at ``steps``).
 
     Args:
         build: ``() -> nn.Module``, a fresh model with the searched sites.
@@ -191,7 +192,7 @@ def check_race(build, train, evaluate, steps, on_result, rule, values, baselines
         if (fn is not None or what != "on_result") and not callable(fn):
             raise ValueError(f"{where}: {what}: expected a function, got a {type(fn).__name__}")
     if rule is not None and not isinstance(rule, R.RaceRule):
-        raise ValueError(f"{where}: rule: expected an autoln.race.rule.RaceRule(eta=..., rungs=..., final_seeds=..., level=...), "
+        raise ValueError(f"{where}: rule: expected an autoln.race.rule.RaceRule(eta=..., rungs=..., final_seeds=..., level=..., max_seeds=..., spending=...), "
                          f"got {type(rule).__name__}")
     baselines = check_names(baselines, f"{where}: baselines")
     if values is not None and (not isinstance(values, Mapping) or any(

@@ -114,8 +114,10 @@ class RaceConfig:
     supernet's read-off, its argmax and its ``top_k`` whole genotypes by one-hot score race the
     named placements of the searched candidates in real retrains (the ``retrain`` settings),
     synchronous successive halving with ``eta`` and ``rungs`` ending at ``retrain.steps``, the
-    finalists at ``final_seeds`` seeds (``retrain.seed`` + 0, 1, ...); a searched finalist is the
-    answer only if it beats the best named one by a one-sided paired t-test at ``level``.
+    finalists seed by seed (``retrain.seed`` + 0, 1, ...) from ``final_seeds`` to ``max_seeds``
+    seeds; a searched finalist is the answer only if it beats the best named one by a
+    group-sequential one-sided paired t-test whose false-win rate over all looks is ``level``
+    (``spending``: the alpha-spending function, :mod:`autoln.race.sequential`).
     ``enabled: false`` gives the supernet's answer alone (no retrain). The race's study lives on
     ``tune.storage`` (or a journal file in ``<search folder>/race``)."""
 
@@ -125,6 +127,8 @@ class RaceConfig:
     rungs: int = 3
     final_seeds: int = 3
     level: float = 0.05
+    max_seeds: int = 6
+    spending: str = "obrien-fleming"
 
     def validate(self) -> None:
         _non_negative(self, "race", ("top_k",))
@@ -133,8 +137,12 @@ class RaceConfig:
             raise ConfigError(f"race.eta must be at least 2 (each rung keeps 1/eta of its entries), got {self.eta}")
         if self.final_seeds < 2:
             raise ConfigError(f"race.final_seeds must be at least 2 (the verdict is a paired test over seeds), got {self.final_seeds}")
-        if not 0 < self.level < 1:
-            raise ConfigError(f"race.level must be in (0, 1) (the paired t-test's level, e.g. 0.05), got {self.level}")
+        if not 0 < self.level < 0.5:
+            raise ConfigError(f"race.level must be in (0, 0.5) (the final's false-win rate, e.g. 0.05), got {self.level}")
+        if self.max_seeds < self.final_seeds:
+            raise ConfigError(f"race.max_seeds must be at least race.final_seeds ({self.final_seeds}: the final's first look), "
+                              f"got {self.max_seeds}")
+        _one_of("race.spending", self.spending, ("obrien-fleming", "pocock"))
 
 
 @dataclass

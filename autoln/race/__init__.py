@@ -1,9 +1,11 @@
 """The race that decides: the supernet's shortlist against the named placements, decided by
 real retrains (docs/design.md §10, docs/race.md).
 
+- :mod:`~autoln.race.sequential`: the final's group-sequential paired t-test (alpha-spending
+  boundaries, futility, its simulation).
 - :mod:`~autoln.race.rule`: the rule alone, as pure functions of the measured values: the rungs
   (successive halving), the named placements at the full budget, the final over seeds and its
-  test, the verdict. No training: the Python API's ``race_genotypes`` runs it too.
+  verdict. No training: the Python API's ``race_genotypes`` runs it too.
 - :mod:`~autoln.race.run_race`: ``search.py``'s race: the rule's retrains as jobs of the tune
   study's storage (resumable, several workers), ``race.json`` and ``race.png``.
 

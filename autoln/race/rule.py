@@ -21,18 +21,18 @@ The rule, and only the rule, lives here: pure functions of the measurements so f
   beside the searched rungs; the best of them (and the model's own) go on.
 - **Final rung.** The best searched entry and the best named one (and the model's own placement,
   when it is in the pool) at ``full_steps``. A pool of two or three entries goes to the final
-  rung directly. The final runs seed by seed: once the searched finalist is not ahead of the
-  best named one at some seed, no values at the remaining seeds could make the paired test below
-  pass (with one difference ``d_i >= 0`` among ``n`` the paired t statistic is at least
-  ``-(n-1)``, which is not below Student's ``t_{level, n-1}`` for ``n = 3`` at ``level = 0.05``:
-  ``-2 > -2.92``), so the race stops there with the named placement as its answer (a curtailed
-  test: the answer the full final would give; the seeds are spent only where the verdict needs
-  them). Otherwise every finalist runs at seeds ``0..final_seeds-1``.
-- **Verdict.** The finalist with the best mean is the answer, except that a searched finalist
-  must beat the best named finalist by a one-sided paired t-test over the seeds (same seeds,
-  same batches; ``scipy.stats.ttest_rel``, ``alternative="less"``) at ``level``, as
-  modded-nanogpt accepts a record. Otherwise the named placement is the answer and the verdict
-  says the searched genotype tied. A diverged run (NaN or inf) counts as infinitely bad.
+  rung directly. The final runs seed by seed, from ``final_seeds`` up to ``max_seeds`` seeds,
+  as a group-sequential test (:mod:`autoln.race.sequential`): the searched finalist wins at a
+  look when the one-sided paired t-test against the best named finalist passes that look's
+  nominal level, the levels set by an alpha-spending function so that the false-win rate over
+  all looks is at most ``level``; the final stops as soon as the searched finalist wins, is not
+  ahead on the mean of the paired differences, or can no longer reach a boundary (futility;
+  non-binding, so it only lowers the false-win rate). With ``max_seeds == final_seeds`` this is
+  the plain paired t-test over ``final_seeds`` seeds (revision ``r2``).
+- **Verdict.** The searched finalist is the answer when the final ended in its win; otherwise
+  the best named finalist is, and the line says whether the searched one was behind or tied
+  (ahead on the mean without crossing a boundary). A diverged run (NaN or inf) counts as
+  infinitely bad.
 
 Why not an Optuna pruner: Optuna's pruners decide one trial at the moment it reports, and a
 trial cannot be suspended and resumed (the reason Optuna's own ``SuccessiveHalvingPruner`` is
@@ -50,52 +50,56 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from autoln.core.errors import DivergenceError
+from autoln.race.sequential import SPENDING, Design, decide
 
 KINDS = ("searched", "named")
 
 #: The rule's revision, recorded with every race of the experiments' tables (``races.csv``,
 #: ``own_model_race.csv``) so that a race is rerun, not reused, when the rule changes: ``r1``
 #: entered the named placements at the last-but-one rung and ran every finalist at every seed;
-#: ``r2`` (this module) runs them at the full budget and stops the final once its verdict is settled.
-REVISION = "r2"
+#: ``r2`` runs them at the full budget and stops the final once its verdict is settled; ``r3``
+#: (this module) makes the final group-sequential, up to ``max_seeds`` seeds.
+REVISION = "r3"
 
 
 @dataclass(frozen=True)
 class RaceRule:
     """The race's settings: ``eta`` (each rung keeps ``ceil(n / eta)``), ``rungs`` (``R``, the
-    last at the full budget), ``final_seeds`` (seeds of each finalist at the full budget, at
-    least 2) and ``level`` (of the one-sided paired t-test a searched finalist must pass).
+    last at the full budget), ``final_seeds`` (the final's first look, at least 2), ``level``
+    (the false-win rate of the final over all its looks), ``max_seeds`` (its last look) and
+    ``spending`` (the alpha-spending function: ``obrien-fleming`` or ``pocock``;
+    :mod:`autoln.race.sequential`).
 
     Raises:
-        ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2 or ``level`` outside (0, 1)."""
+        ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2, ``max_seeds`` below
+            ``final_seeds``, ``level`` outside (0, 0.5) or an unknown ``spending``."""
 
     eta: int = 3
     rungs: int = 3
     final_seeds: int = 3
     level: float = 0.05
+    max_seeds: int = 6
+    spending: str = "obrien-fleming"
 
     def __post_init__(self) -> None:
-        if self.eta < 2 or self.rungs < 1 or self.final_seeds < 2 or not 0 < self.level < 1:
-            raise ValueError(f"race rule: needs eta >= 2, rungs >= 1, final_seeds >= 2 and 0 < level < 1; got eta {self.eta}, "
-                             f"rungs {self.rungs}, final_seeds {self.final_seeds}, level {self.level}")
+        if self.eta < 2 or self.rungs < 1 or self.final_seeds < 2 or not 0 < self.level < 0.5 \
+                or self.max_seeds < self.final_seeds or self.spending not in SPENDING:
+            raise ValueError(f"race rule: needs eta >= 2, rungs >= 1, final_seeds >= 2, max_seeds >= final_seeds, 0 < level < 0.5 "
+                             f"and spending one of {list(SPENDING)}; got eta {self.eta}, rungs {self.rungs}, final_seeds "
+                             f"{self.final_seeds}, max_seeds {self.max_seeds}, level {self.level}, spending {self.spending!r}")
+
+    @property
+    def design(self) -> Design:
+        """The final's group-sequential design (:class:`autoln.race.sequential.Design`)."""
+        return Design(self.final_seeds, self.max_seeds, self.level, self.spending)
 
     def describe(self) -> str:
         """The rule in one sentence (written into ``race.json`` and the verdict's provenance)."""
         return (f"synchronous successive halving of the searched entries, eta {self.eta}, the last rung at the full retrain budget; "
                 f"every named placement at the full budget (one seed); the best searched and the best named entry are the "
-                f"finalists, at {self.final_seeds} seeds run one by one (a searched finalist not ahead at one of them cannot pass "
-                f"the test, and the race stops there); a searched finalist is the answer only if it beats the best named finalist by a "
-                f"one-sided paired t-test at level {self.level}, else the named placement is")
-
-    def curtails(self) -> bool:
-        """True when a searched finalist not ahead at seed 0 can no longer pass the paired test:
-        with one difference ``d_1 >= 0`` among ``n = final_seeds`` the paired t statistic is at
-        least ``-(n - 1)`` (reached with ``d_1 = 0`` and the others equal), so the test is out of
-        reach when ``-(n - 1) >= t.ppf(level, n - 1)`` (``n = 3``, level 0.05: ``-2 >= -2.92``)."""
-        from scipy.stats import t
-
-        n = self.final_seeds
-        return -(n - 1) >= float(t.ppf(self.level, n - 1))
+                f"finalists, run seed by seed; a searched finalist is the answer only if it beats the best named finalist by "
+                f"{self.design.describe()}; the final stops at a win, or once the searched finalist is not ahead on the mean or "
+                f"can no longer reach a boundary, and the named placement is then the answer")
 
 
 @dataclass(frozen=True)
@@ -207,20 +211,35 @@ class Plan:
     seeds: int = 0
 
 
-def hopeless(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int = 1) -> bool:
-    """True when the final can stop after its first ``seeds`` seeds (module docstring, **Final
-    rung**): the rule :meth:`RaceRule.curtails`, a named and a searched finalist, and every
-    searched finalist not ahead of every named one at one of those seeds at least (a tie is not
-    ahead; the paired t statistic is symmetric in the seeds, so any one difference ``>= 0``
-    bounds it as the first one does).
+def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, seeds: int) -> Optional[list[float]]:
+    """The searched finalist's paired differences to the best named finalist (by the mean over
+    the first ``seeds`` seeds; ties by pool order) at those seeds, searched minus named (lower
+    is better; a diverged run counts as ``inf``, so a diverged searched run gives ``inf`` or
+    ``nan``); None without a finalist of each kind.
 
     Raises:
         KeyError: a finalist's seed below ``seeds`` not measured."""
     per = {e.name: [score(values[(e.name, full_steps, i)]) for i in range(seeds)] for e in finalists}
-    named = [per[e.name] for e in finalists if e.named]
-    searched = [per[e.name] for e in finalists if not e.named]
-    return rule.curtails() and bool(named) and bool(searched) and \
-        all(any(a >= b for a, b in zip(mine, theirs)) for mine in searched for theirs in named)
+    named = [e for e in finalists if e.named]
+    searched = [e for e in finalists if not e.named]
+    if not named or not searched:
+        return None
+    best = min(named, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
+    mine = min(searched, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
+    return [a - b if not (math.isinf(a) and math.isinf(b)) else math.nan for a, b in zip(per[mine.name], per[best.name])]
+
+
+def final_state(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int) -> str:
+    """Where the final stands after its first ``seeds`` seeds: ``win`` (the searched finalist
+    crossed a boundary), ``lose`` (it cannot win any more: :func:`autoln.race.sequential.decide`),
+    ``go on``, or ``done`` (a final without a finalist of each kind, after ``final_seeds`` seeds).
+
+    Raises:
+        KeyError: a finalist's seed below ``seeds`` not measured."""
+    diffs = paired_diffs(finalists, values, full_steps, seeds)
+    if diffs is None:
+        return "done" if seeds >= rule.final_seeds else "go on"
+    return decide(diffs, rule.design)
 
 
 def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
@@ -234,9 +253,9 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
     2018; nanoGPT's ``all-outnorm``, docs/race.md). The pending jobs are the named rung's and the
     searched rung's together (independent: workers run them side by side), and once the short
     rungs are done, the searched survivor's seed 0 at ``full_steps`` with them. Then the final
-    (:func:`finalists_of`) at ``full_steps``, seed by seed, until the last of ``final_seeds``
-    or until :func:`hopeless`. When three or fewer entries make the pool,
-    it goes to the final at once."""
+    (:func:`finalists_of`) at ``full_steps``, seed by seed, until :func:`final_state` says it
+    has ended (at most ``max_seeds`` seeds). When three or fewer entries make the pool, it goes
+    to the final at once."""
     steps = rung_steps(full_steps, rule)
     history: list[dict] = []
     if len(entries) <= 3 or len(steps) == 1:
@@ -267,30 +286,32 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
         finalists = finalists_of(alive, named, {e.name: values[(e.name, full_steps, 0)] for e in named})
         if named:
             history[-1]["survivors"] = [e.name for e in finalists if e.named]
-    history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.final_seeds})
-    for i in range(rule.final_seeds):  # seed by seed, stopping once the verdict cannot change
+    history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.max_seeds})
+    for i in range(rule.max_seeds):  # seed by seed, until the sequential final ends
         missing = [Job(e.name, full_steps, i) for e in finalists if (e.name, full_steps, i) not in values]
         if missing:
             return Plan(missing, history)
-        if i + 1 < rule.final_seeds and hopeless(finalists, values, full_steps, rule, i + 1):
+        if final_state(finalists, values, full_steps, rule, i + 1) != "go on":
             history[-1]["seeds"] = i + 1
             return Plan([], history, done=True, finalists=finalists, seeds=i + 1)
-    return Plan([], history, done=True, finalists=finalists, seeds=rule.final_seeds)
+    return Plan([], history, done=True, finalists=finalists, seeds=rule.max_seeds)
 
 
 def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int:
     """The most retrain steps :func:`plan` can run over ``entries``: every short rung, every
     named placement and the searched survivor at ``full_steps``, and each final seed of at most
     three finalists (the best named one, the model's own, the searched one; with no searched
-    entry the two best named ones), no final cut short by :func:`hopeless`. E.g. 5 searched and
-    5 named entries at ``(1000, eta 3, 3 rungs)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 3 *
-    1000 = 13221``. The bound behind a race's time-left estimate (:class:`autoln.runs.training.TimeLeft`).
+    entry the two best named ones) up to ``max_seeds`` (``final_seeds`` without a searched
+    entry), no final cut short. E.g. 5 searched and 5 named entries at ``(1000, eta 3, 3 rungs,
+    6 seeds at most)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 5 * 1000 = 17221``. The bound behind a race's time-left estimate (:class:`autoln.runs.training.TimeLeft`).
 
     Raises:
         ValueError: as :func:`rung_steps`."""
     steps = rung_steps(full_steps, rule)
+    both = any(e.named for e in entries) and any(not e.named for e in entries)
+    seeds = rule.max_seeds if both else rule.final_seeds
     if len(entries) <= 3 or len(steps) == 1:
-        return len(entries) * full_steps * rule.final_seeds
+        return len(entries) * full_steps * seeds
     alive, named = sum(not e.named for e in entries), sum(e.named for e in entries)
     total, short = 0, steps[:-1]
     for k, s in enumerate(short):
@@ -300,7 +321,7 @@ def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int
         alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
     searched = min(alive, 1)
     finalists = searched + min(named, 2)
-    return total + (named + searched) * full_steps + finalists * (rule.final_seeds - 1) * full_steps
+    return total + (named + searched) * full_steps + finalists * ((seeds if searched else rule.final_seeds) - 1) * full_steps
 
 
 def steps_done(values: Values) -> int:
@@ -352,21 +373,31 @@ def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
     return float(ttest_rel(a, b, alternative="less").pvalue)
 
 
-def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
-    """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
-    in the line (e.g. ``bits/byte``).
-
-    The final's seeds are ``final_seeds``, or fewer when the final stopped early
-    (:func:`hopeless`): then the named placement is the answer, and the line says why.
+def final_seeds_run(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> int:
+    """How many seeds the finished final ran: the first ``n`` at which :func:`final_state` is
+    not ``go on`` (``max_seeds`` at most).
 
     Raises:
-        KeyError: a finalist's seed not measured (seed 0, or a later one of a final that could
-            not stop before it).
+        KeyError: the final has not ended: the first finalist's seed it still needs."""
+    for n in range(1, rule.max_seeds + 1):
+        missing = next(((e.name, full_steps, n - 1) for e in finalists if (e.name, full_steps, n - 1) not in values), None)
+        if missing:
+            raise KeyError(missing)
+        if final_state(finalists, values, full_steps, rule, n) != "go on":
+            return n
+    return rule.max_seeds
+
+
+def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
+    """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
+    in the line (e.g. ``bits/byte``). The final's seeds are those it ran
+    (:func:`final_seeds_run`); ``p_value`` is the paired t-test's over them, which the line
+    sets against that look's nominal level (:meth:`autoln.race.sequential.Design.nominal`).
+
+    Raises:
+        KeyError: a finalist's seed the final needs not measured.
         DivergenceError: every finalist diverged at some seed: the race has no answer."""
-    n = next((i for i in range(rule.final_seeds) if any((e.name, full_steps, i) not in values for e in finalists)), rule.final_seeds)
-    if n < rule.final_seeds and not (n and hopeless(finalists, values, full_steps, rule, n)):
-        missing = next((e.name, full_steps, n) for e in finalists if (e.name, full_steps, n) not in values)
-        raise KeyError(missing)
+    n = final_seeds_run(finalists, values, full_steps, rule)
     per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
     if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
         raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
@@ -387,23 +418,30 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
     if searched is None:
         return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
                        "named-wins", None, named, per)
-    if n < rule.final_seeds:  # the final stopped early: no later seeds could make the searched finalist pass the test
-        where = "behind at seed 0" if n == 1 else f"not ahead at one of the {n} seeds run"
-        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
-                              f"{shown(named)}{u}; {where}, it could not pass a one-sided paired t-test at level "
-                              f"{rule.level} over {rule.final_seeds} seeds, so the final stopped there)",
-                       "named-wins", searched, named, per)
-    p = paired_p(per[searched.name], per[named.name])
-    if rank[0] is named or not math.isfinite(mean_sd(per[searched.name])[0]):
-        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
-                              f"{shown(named)}{u})", "named-wins", searched, named, per, p)
-    if p < rule.level:
+    design = rule.design
+    state = final_state(finalists, values, full_steps, rule, n)
+    p = paired_p(per[searched.name], per[named.name]) if n > 1 else None
+    test = design.describe()
+    single = rule.final_seeds == rule.max_seeds  # one look: the plain paired t-test at level (revision r2's words)
+    if state == "win":
+        bound = design.nominal()[n]
+        test_line = (f"one-sided paired t-test p = {p:.3g} < {rule.level}" if single else
+                     f"one-sided paired t-test p = {p:.3g} < {bound:.3g}, the boundary at {n} seeds of {test}")
         return Verdict(searched, f"answer: {searched.name} = {searched.placements} (beats {named.name} {at}: {shown(searched)}, "
-                                 f"{shown(named)}{u}; one-sided paired t-test p = {p:.3g} < {rule.level})",
-                       "searched-wins", searched, named, per, p)
+                                 f"{shown(named)}{u}; {test_line})", "searched-wins", searched, named, per, p)
+    ahead = sum(paired_diffs(finalists, values, full_steps, n)) < 0
+    if not ahead:
+        where = "behind at seed 0" if n == 1 else f"not ahead on the mean over {n} seeds"
+        stop = ", so the final stopped there" if n < rule.max_seeds else ""
+        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
+                              f"{shown(named)}{u}; {where}, it could not pass {test}{stop})", "named-wins", searched, named, per, p)
+    shown_p = "-" if p is None else format(p, ".3g")
+    if n < rule.max_seeds:
+        why = f"p = {shown_p}; no boundary of {test} within reach at {n} seeds, so the final stopped there"
+    else:
+        why = f"p = {shown_p}, not below {rule.level}" if single else f"p = {shown_p}, below no boundary of {test} up to {n} seeds"
     return Verdict(named, f"answer: {named.name} (the searched {searched.name} tied with it {at}: {shown(searched)}, {shown(named)}{u}; "
-                          f"one-sided paired t-test p = {p:.3g}, not below {rule.level}: the named placement is simpler and known)",
-                   "tie", searched, named, per, p)
+                          f"one-sided paired t-test {why}: the named placement is simpler and known)", "tie", searched, named, per, p)
 
 
 def run(entries: Sequence[Entry], full_steps: int, rule: RaceRule, measure: Callable[[Job], float],

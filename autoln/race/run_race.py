@@ -62,7 +62,8 @@ POLL_S = 1.0
 def rule_of(cfg: Config) -> RaceRule:
     """The :class:`autoln.race.rule.RaceRule` of ``cfg.race``."""
     rc = cfg.race
-    return RaceRule(eta=rc.eta, rungs=rc.rungs, final_seeds=rc.final_seeds, level=rc.level)
+    return RaceRule(eta=rc.eta, rungs=rc.rungs, final_seeds=rc.final_seeds, level=rc.level, max_seeds=rc.max_seeds,
+                    spending=rc.spending)
 
 
 def named_specs(candidates: list[str]) -> list[str]:
@@ -263,7 +264,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
             trial.set_user_attr("spare", True)
             raise optuna.TrialPruned()
         job = Job(trial.suggest_categorical("entry", names), trial.suggest_int("steps", 1, setup.full_steps),
-                  trial.suggest_int("seed", 0, setup.rule.final_seeds - 1))
+                  trial.suggest_int("seed", 0, setup.rule.max_seeds - 1))
         value, info = run_job(setup, job)
         for k, v in info.items():
             trial.set_user_attr(k, v)

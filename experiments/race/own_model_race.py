@@ -13,7 +13,8 @@ nanoGPT's recipe, 4 layers of width 64, 500 steps). Per candidate set (``3``: pr
    length and its cosine ending there: :func:`rung_recipe`) and the validation loss over every
    window (nats per character), race seeds 0, 1, 2;
 3. the answer and the best named placement (by the table's seeds 0-2 mean; ``all-pre`` when it
-   is the answer) retrained at the fresh seeds 3, 4, 5.
+   is the answer) retrained at the fresh seeds :data:`FRESH` (6, 7, 8: past every seed of the
+   sequential final; rule r2's rows used 3, 4, 5).
 
 Every retrain is a row of ``experiments/own_model_truth.csv`` (the ground truth's table: a
 genotype at a seed and a length is one retrain, whoever asked for it) and is reused from it,
@@ -44,13 +45,14 @@ from experiments.truth.own_model_truth import SETUP, SIZE, TABLE, append_row, cu
 import autoln  # noqa: E402
 from autoln.api.racing import named_site_genotypes  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
-from autoln.race.rule import REVISION  # noqa: E402
+from autoln.race.rule import REVISION, RaceRule  # noqa: E402
 from autoln.models.site import Site  # noqa: E402
 
 SETS = {"3": ("pre", "post", "deepnorm"), "7": ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")}
 RACES = ROOT / "experiments" / "own_model_race.csv"
 ANSWERS = ROOT / "experiments" / "own_model"
-FRESH = (3, 4, 5)
+#: Fresh seeds for the answer's check: past every seed the final can use (``max_seeds``: 6 of rule r3).
+FRESH = tuple(range(RaceRule().max_seeds, RaceRule().max_seeds + 3))
 RACE_FIELDS = ["candidates", "search_seed", "rule", "read_off", "answer", "answer_genotype", "outcome", "p_value", "verdict",
                "search_s", "race_s", "retrains", "fresh_answer", "fresh_best_named", "best_named", "fresh_pre", "commit"]
 

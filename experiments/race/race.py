@@ -14,7 +14,7 @@ the seven) and search seed ``s``:
    otherwise run in ``<search>/race/<entry>/steps<S>-seed<i>`` and added to the table;
 3. the answer and the two best named placements at the race's seed 0 (every named placement runs
    there at the full budget) retrained at the fresh seeds ``--fresh-seeds`` (seed indices,
-   default 3, 4, 5); the best named placement is the better of the two there.
+   default 6, 7, 8: past every seed the sequential final can use; rule r2's rows used 3, 4, 5); the best named placement is the better of the two there.
 
 One row per race goes to ``experiments/races.csv`` (the verdict, the answer, the wall times of
 the search and of the race's retrains, the fresh seeds' values)::
@@ -36,7 +36,7 @@ from experiments.common.validate import add_common_arguments, base_overrides, pa
 
 from autoln.cli import OneLineParser, guarded  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
-from autoln.race.rule import REVISION  # noqa: E402
+from autoln.race.rule import REVISION, RaceRule  # noqa: E402
 
 SEVEN = "[pre, post, deepnorm, peri, outnorm, lns, none]"
 CANDIDATES = {"3": [], "7": [f"model.candidates={SEVEN}"]}
@@ -157,7 +157,8 @@ def main(argv=None) -> int:
     add_common_arguments(p, "shallow,highlr")
     p.add_argument("--candidates", default="3,7", help="candidate sets: 3 and/or 7")
     p.add_argument("--search-seeds", default="0")
-    p.add_argument("--fresh-seeds", default="3,4,5", help="seed indices (added to retrain.seed) of the fresh check")
+    p.add_argument("--fresh-seeds", default=",".join(str(i) for i in range(RaceRule().max_seeds, RaceRule().max_seeds + 3)),
+                   help="seed indices (added to retrain.seed) of the fresh check (default 6,7,8: past every seed the final can use)")
     p.add_argument("--races", type=Path, default=RACES)
     args = p.parse_args(argv)
     args.fresh_seeds = [int(s) for s in args.fresh_seeds.split(",")]
