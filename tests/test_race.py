@@ -21,7 +21,8 @@ from autoln import cli
 from autoln.race import run_race
 from autoln.config import load_config
 from autoln.models.genotype import Genotype
-from autoln.race.rule import Entry, RaceRule, finalists_of, make_pool, paired_p, plan, rung_steps, run, verdict
+from autoln.race.rule import Entry, RaceRule, finalists_of, make_pool, plan, rung_steps, run
+from autoln.race.verdict import paired_p, verdict
 from autoln.oneshot.run_search import run_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -308,6 +309,53 @@ def test_a_sequential_final_stopped_at_seed_4_resumes_to_the_same_answer(searche
     assert again["verdict"] == record["verdict"]
     assert [(j["entry"], j["steps"], j["seed"], j["value"]) for j in again["jobs"]] == \
            [(j["entry"], j["steps"], j["seed"], j["value"]) for j in record["jobs"]]
+
+
+def test_horizons_retrain_the_finalists_longer_and_say_whether_the_lead_lasts():
+    """TABLE's final (top1 ahead of all-outnorm at 3 seeds, rule r2's single look) with
+    horizons (1, 4): the two finalists run at 4000 steps, 3 seeds each, and the line says how
+    the lead moved; the answer stays the one at the full budget."""
+    rule = RaceRule(max_seeds=3, horizons=(1, 4))
+    done = plan(POOL, TABLE, 1000, rule)
+    assert not done.done and [j.key for j in done.pending] == [(e, 4000, i) for i in range(3) for e in ("top1", "all-outnorm")]
+    assert done.rungs[-1] == {"steps": 4000, "entries": ["top1", "all-outnorm"], "seeds": 3, "horizon": 4}
+    gone = {**TABLE, **{("top1", 4000, i): 1.880 + 0.001 * i for i in range(3)}, **{("all-outnorm", 4000, i): 1.870 + 0.002 * i for i in range(3)}}
+    assert plan(POOL, gone, 1000, rule).done
+    v = verdict(plan(POOL, gone, 1000, rule).finalists, gone, 1000, rule, "bits/byte")
+    assert v.answer.name == "top1" and v.outcome == "searched-wins"  # the answer at the user's budget
+    assert v.horizons[0]["lead"] == "behind" and v.horizons[0]["steps"] == 4000
+    assert v.line.endswith("; at 4000 steps behind (top1 1.8810 ± 0.0010, all-outnorm 1.8720 ± 0.0020 bits/byte): "
+                           "the lead at 1000 steps does not last)")
+    lasts = {**TABLE, **{("top1", 4000, i): 1.860 + 0.001 * i for i in range(3)}, **{("all-outnorm", 4000, i): 1.870 for i in range(3)}}
+    w = verdict(plan(POOL, lasts, 1000, rule).finalists, lasts, 1000, rule, "bits/byte")
+    assert w.horizons[0]["lead"] == "ahead" and "; at 4000 steps still ahead (top1 1.8610 ± 0.0010" in w.line
+    assert "does not last" not in w.line
+    behind = {k: v for k, v in TABLE.items() if k[2] == 0}
+    behind[("top1", 1000, 0)] = 2.40  # behind at seed 0: nothing to last, no horizon retrain
+    p, values = run(POOL, 1000, rule, lambda job: behind[job.key])
+    assert p.done and not any(k[1] == 4000 for k in values)
+    from autoln.race.rule import most_steps
+
+    assert most_steps(POOL, 1000, rule) - most_steps(POOL, 1000, R2) == 2 * 3 * 4000
+    with pytest.raises(ValueError, match="horizons"):
+        RaceRule(horizons=(2, 4))
+
+
+def test_the_horizon_line_of_search_py_on_a_lead_that_vanishes_at_4x(searched, monkeypatch, capsys):
+    out = copy(searched, "horizon")
+    fake = sequential_job()
+
+    def longer(setup, job):  # at 4x the budget the named placements pull ahead of every searched one
+        value, info = fake(setup, job)
+        named = job.entry.startswith("all-") or job.entry in ("mix-ln", "pre-post")
+        return (value - (0.05 if named else 0.0) if job.steps > 30 else value), info
+    monkeypatch.setattr(run_race, "run_job", longer)
+    assert cli.search_main([*searched[1], "--out", str(out), "--resume", "--set", "race.horizons=[1, 4]"]) == 0
+    text = capsys.readouterr().out
+    record = json.loads((out / "race" / "race.json").read_text())
+    assert record["verdict"]["outcome"] == "searched-wins" and record["verdict"]["horizons"][0]["lead"] == "behind"
+    assert sorted({j["steps"] for j in record["jobs"]})[-1] == 120 and sum(j["steps"] == 120 for j in record["jobs"]) == 6
+    assert "at 120 steps behind" in text and "the lead at 30 steps does not last" in text
 
 
 def test_two_workers_on_one_storage_run_each_retrain_once(searched, whole):

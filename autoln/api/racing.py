@@ -64,7 +64,7 @@ def searched_site_genotypes(genotype: SiteGenotype) -> dict[str, SiteGenotype]:
 @dataclass
 class RaceOutcome:
     """What :func:`race_genotypes` returns: ``genotype`` (the answer, the verdict in its
-    provenance's ``race``), the :class:`autoln.race.rule.Verdict`, the final :class:`autoln.race.rule.Plan`,
+    provenance's ``race``), the :class:`autoln.race.verdict.Verdict`, the final :class:`autoln.race.rule.Plan`,
     every measured ``values`` (``(entry, steps, seed index)`` -> value) and ``record`` (as
     ``search.py``'s ``race.json``: rule, pool, rungs, retrains, verdict)."""
 
@@ -126,9 +126,10 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
             :func:`named_site_genotypes`.
         autoln.core.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`),
             found before any training.
-        autoln.core.errors.DivergenceError: every finalist diverged (:func:`autoln.race.rule.verdict`).
+        autoln.core.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict.verdict`).
     """
     from autoln.race import rule as R
+    from autoln.race import verdict as V
 
     where = "autoln.race_genotypes"
     rule, baselines = check_race(build, train, evaluate, steps, on_result, rule, values, baselines)
@@ -162,7 +163,7 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
     shown.bar.update(shown.done)
     plan, values = R.run(entries, steps, rule, measure, values)
     shown.close()
-    v = R.verdict(plan.finalists, values, steps, rule, unit)
+    v = V.verdict(plan.finalists, values, steps, rule, unit)
     record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "pool": [vars(e) for e in entries], "aliases": aliases,
               "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
                                             for k, val in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))],
@@ -183,6 +184,7 @@ def check_race(build, train, evaluate, steps, on_result, rule, values, baselines
     import numbers
 
     from autoln.race import rule as R
+
 
     where = "autoln.race_genotypes"
     check_build(build, where)

@@ -104,6 +104,7 @@ HELP = {
     "race.level": "the final's false-win rate over all its looks (a group-sequential one-sided paired t-test over the seeds)",
     "race.max_seeds": "the final's last look: it goes on seed by seed up to this many while the searched finalist could still win",
     "race.spending": "obrien-fleming | pocock: the alpha-spending function that sets each look's nominal level (docs/race.md)",
+    "race.horizons": "multiples of retrain.steps, from 1, at which the finalists are also retrained when the searched one led: does the lead last? e.g. [1, 4]",
     "checkpoint.every": "steps between checkpoints (also at each evaluation, the end, and a stop signal: SIGINT, SIGTERM, SIGHUP...)",
     "logging.tensorboard": "write the run's pictures: TensorBoard event files and (a search) alphas.png and alphas_heatmap.png",
     "logging.progress": "a progress bar on a terminal, a line per evaluation in a redirected log",

@@ -117,7 +117,9 @@ class RaceConfig:
     finalists seed by seed (``retrain.seed`` + 0, 1, ...) from ``final_seeds`` to ``max_seeds``
     seeds; a searched finalist is the answer only if it beats the best named one by a
     group-sequential one-sided paired t-test whose false-win rate over all looks is ``level``
-    (``spending``: the alpha-spending function, :mod:`autoln.race.sequential`).
+    (``spending``: the alpha-spending function, :mod:`autoln.race.sequential`). ``horizons``:
+    multiples of ``retrain.steps`` at which the two finalists are also retrained (``final_seeds``
+    seeds each) when the searched one led, so the verdict says whether the lead lasts.
     ``enabled: false`` gives the supernet's answer alone (no retrain). The race's study lives on
     ``tune.storage`` (or a journal file in ``<search folder>/race``)."""
 
@@ -129,6 +131,7 @@ class RaceConfig:
     level: float = 0.05
     max_seeds: int = 6
     spending: str = "obrien-fleming"
+    horizons: list[int] = field(default_factory=lambda: [1])
 
     def validate(self) -> None:
         _non_negative(self, "race", ("top_k",))
@@ -143,6 +146,9 @@ class RaceConfig:
             raise ConfigError(f"race.max_seeds must be at least race.final_seeds ({self.final_seeds}: the final's first look), "
                               f"got {self.max_seeds}")
         _one_of("race.spending", self.spending, ("obrien-fleming", "pocock"))
+        if not self.horizons or self.horizons[0] != 1 or any(b <= a for a, b in zip(self.horizons, self.horizons[1:])):
+            raise ConfigError(f"race.horizons must be increasing multiples of retrain.steps starting at 1, e.g. [1, 4], "
+                              f"got {self.horizons}")
 
 
 @dataclass

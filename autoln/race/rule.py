@@ -49,7 +49,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from autoln.core.errors import DivergenceError
 from autoln.race.sequential import SPENDING, Design, decide
 
 KINDS = ("searched", "named")
@@ -68,11 +67,14 @@ class RaceRule:
     last at the full budget), ``final_seeds`` (the final's first look, at least 2), ``level``
     (the false-win rate of the final over all its looks), ``max_seeds`` (its last look) and
     ``spending`` (the alpha-spending function: ``obrien-fleming`` or ``pocock``;
-    :mod:`autoln.race.sequential`).
+    :mod:`autoln.race.sequential`) and ``horizons`` (multiples of the full budget at which the
+    two finalists are also retrained, ``final_seeds`` seeds each, when the searched one led on
+    the mean: does the lead last? ``(1,)``: not at all).
 
     Raises:
         ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2, ``max_seeds`` below
-            ``final_seeds``, ``level`` outside (0, 0.5) or an unknown ``spending``."""
+            ``final_seeds``, ``level`` outside (0, 0.5), an unknown ``spending``, or ``horizons``
+            not increasing integers from 1."""
 
     eta: int = 3
     rungs: int = 3
@@ -80,8 +82,14 @@ class RaceRule:
     level: float = 0.05
     max_seeds: int = 6
     spending: str = "obrien-fleming"
+    horizons: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "horizons", tuple(self.horizons))
+        if not self.horizons or self.horizons[0] != 1 or any(not isinstance(k, int) or b <= a
+                                                             for a, b, k in zip(self.horizons, self.horizons[1:], self.horizons[1:])):
+            raise ValueError(f"race rule: horizons must be increasing integer multiples of the budget from 1, e.g. (1, 4); "
+                             f"got {self.horizons}")
         if self.eta < 2 or self.rungs < 1 or self.final_seeds < 2 or not 0 < self.level < 0.5 \
                 or self.max_seeds < self.final_seeds or self.spending not in SPENDING:
             raise ValueError(f"race rule: needs eta >= 2, rungs >= 1, final_seeds >= 2, max_seeds >= final_seeds, 0 < level < 0.5 "
@@ -99,7 +107,10 @@ class RaceRule:
                 f"every named placement at the full budget (one seed); the best searched and the best named entry are the "
                 f"finalists, run seed by seed; a searched finalist is the answer only if it beats the best named finalist by "
                 f"{self.design.describe()}; the final stops at a win, or once the searched finalist is not ahead on the mean or "
-                f"can no longer reach a boundary, and the named placement is then the answer")
+                f"can no longer reach a boundary, and the named placement is then the answer"
+                + ("" if len(self.horizons) == 1 else
+                   f"; when the searched finalist led on the mean, both finalists are retrained at "
+                   f"{', '.join(f'{k}x' for k in self.horizons[1:])} the budget ({self.final_seeds} seeds) to see whether the lead lasts"))
 
 
 @dataclass(frozen=True)
@@ -211,11 +222,9 @@ class Plan:
     seeds: int = 0
 
 
-def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, seeds: int) -> Optional[list[float]]:
-    """The searched finalist's paired differences to the best named finalist (by the mean over
-    the first ``seeds`` seeds; ties by pool order) at those seeds, searched minus named (lower
-    is better; a diverged run counts as ``inf``, so a diverged searched run gives ``inf`` or
-    ``nan``); None without a finalist of each kind.
+def final_pair(finalists: Sequence[Entry], values: Values, full_steps: int, seeds: int) -> Optional[tuple[Entry, Entry]]:
+    """``(best searched, best named)`` finalist by the mean over the first ``seeds`` seeds (ties
+    by pool order), or None without a finalist of each kind.
 
     Raises:
         KeyError: a finalist's seed below ``seeds`` not measured."""
@@ -226,6 +235,36 @@ def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, se
         return None
     best = min(named, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
     mine = min(searched, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
+    return mine, best
+
+
+def horizon_jobs(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int) -> list[Job]:
+    """The retrains that say whether the lead lasts (``rule.horizons`` beyond 1): the best
+    searched and the best named finalist at each ``k * full_steps``, seeds ``0..final_seeds-1``,
+    when the final ran ``seeds`` seeds and the searched finalist led on their mean; none else.
+
+    Raises:
+        KeyError: a finalist's seed below ``seeds`` not measured."""
+    pair = final_pair(finalists, values, full_steps, seeds)
+    diffs = paired_diffs(finalists, values, full_steps, seeds)
+    if pair is None or len(rule.horizons) == 1 or not diffs or not sum(diffs) < 0:
+        return []
+    return [Job(e.name, k * full_steps, i) for k in rule.horizons[1:] for i in range(rule.final_seeds) for e in pair]
+
+
+def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, seeds: int) -> Optional[list[float]]:
+    """The searched finalist's paired differences to the best named finalist (by the mean over
+    the first ``seeds`` seeds; ties by pool order) at those seeds, searched minus named (lower
+    is better; a diverged run counts as ``inf``, so a diverged searched run gives ``inf`` or
+    ``nan``); None without a finalist of each kind.
+
+    Raises:
+        KeyError: a finalist's seed below ``seeds`` not measured."""
+    pair = final_pair(finalists, values, full_steps, seeds)
+    if pair is None:
+        return None
+    mine, best = pair
+    per = {e.name: [score(values[(e.name, full_steps, i)]) for i in range(seeds)] for e in pair}
     return [a - b if not (math.isinf(a) and math.isinf(b)) else math.nan for a, b in zip(per[mine.name], per[best.name])]
 
 
@@ -293,8 +332,21 @@ def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRu
             return Plan(missing, history)
         if final_state(finalists, values, full_steps, rule, i + 1) != "go on":
             history[-1]["seeds"] = i + 1
-            return Plan([], history, done=True, finalists=finalists, seeds=i + 1)
-    return Plan([], history, done=True, finalists=finalists, seeds=rule.max_seeds)
+            return _horizons(finalists, values, full_steps, rule, history, i + 1)
+    return _horizons(finalists, values, full_steps, rule, history, rule.max_seeds)
+
+
+def _horizons(finalists: list[Entry], values: Values, full_steps: int, rule: RaceRule, history: list[dict], seeds: int) -> Plan:
+    """The plan once the final ran ``seeds`` seeds: the :func:`horizon_jobs` not yet measured
+    pending, else done (each horizon a rung of the history)."""
+    jobs = horizon_jobs(finalists, values, full_steps, rule, seeds)
+    for k in sorted({j.steps for j in jobs}):
+        history.append({"steps": k, "entries": list(dict.fromkeys(j.entry for j in jobs if j.steps == k)),
+                        "seeds": rule.final_seeds, "horizon": k // full_steps})
+    missing = [j for j in jobs if j.key not in values]
+    if missing:
+        return Plan(missing, history)
+    return Plan([], history, done=True, finalists=finalists, seeds=seeds)
 
 
 def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int:
@@ -311,7 +363,7 @@ def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int
     both = any(e.named for e in entries) and any(not e.named for e in entries)
     seeds = rule.max_seeds if both else rule.final_seeds
     if len(entries) <= 3 or len(steps) == 1:
-        return len(entries) * full_steps * seeds
+        return len(entries) * full_steps * seeds + (2 * rule.final_seeds * full_steps * sum(rule.horizons[1:]) if both else 0)
     alive, named = sum(not e.named for e in entries), sum(e.named for e in entries)
     total, short = 0, steps[:-1]
     for k, s in enumerate(short):
@@ -321,7 +373,9 @@ def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int
         alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
     searched = min(alive, 1)
     finalists = searched + min(named, 2)
-    return total + (named + searched) * full_steps + finalists * ((seeds if searched else rule.final_seeds) - 1) * full_steps
+    horizons = 2 * rule.final_seeds * full_steps * sum(rule.horizons[1:]) if searched and named else 0
+    return total + (named + searched) * full_steps + finalists * ((seeds if searched else rule.final_seeds) - 1) * full_steps \
+        + horizons
 
 
 def steps_done(values: Values) -> int:
@@ -330,118 +384,12 @@ def steps_done(values: Values) -> int:
     return sum(k[1] for k in values)
 
 
-@dataclass
-class Verdict:
-    """The race's answer: ``answer`` (the entry), ``line`` (what the user reads), ``searched``
-    and ``named`` (the best finalist of each kind, None when absent), their values per seed,
-    ``p_value`` (of the paired test, None without one) and ``outcome``: ``searched-wins``,
-    ``named-wins`` (a named finalist had the better mean) or ``tie`` (the searched one led
-    without passing the test)."""
-
-    answer: Entry
-    line: str
-    outcome: str
-    searched: Optional[Entry] = None
-    named: Optional[Entry] = None
-    values: dict[str, list[float]] = field(default_factory=dict)
-    p_value: Optional[float] = None
-
-
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """``(mean, sample std)`` with a diverged value making the mean ``inf``."""
     xs = [score(v) for v in values]
     if any(math.isinf(x) for x in xs):
         return math.inf, 0.0
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
-def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """One-sided paired t-test of ``a < b`` (values per seed, paired by position):
-    ``scipy.stats.ttest_rel(a, b, alternative="less")``'s p-value. When every difference is
-    equal (no spread) it is 0 if ``a`` is lower, else 1; a diverged value of ``a`` gives 1, of
-    ``b`` alone 0."""
-    from scipy.stats import ttest_rel
-
-    a, b = [score(v) for v in a], [score(v) for v in b]
-    if any(math.isinf(x) for x in a):
-        return 1.0
-    if any(math.isinf(x) for x in b):
-        return 0.0
-    diffs = [x - y for x, y in zip(a, b)]
-    if max(diffs) == min(diffs):
-        return 0.0 if diffs[0] < 0 else 1.0
-    return float(ttest_rel(a, b, alternative="less").pvalue)
-
-
-def final_seeds_run(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> int:
-    """How many seeds the finished final ran: the first ``n`` at which :func:`final_state` is
-    not ``go on`` (``max_seeds`` at most).
-
-    Raises:
-        KeyError: the final has not ended: the first finalist's seed it still needs."""
-    for n in range(1, rule.max_seeds + 1):
-        missing = next(((e.name, full_steps, n - 1) for e in finalists if (e.name, full_steps, n - 1) not in values), None)
-        if missing:
-            raise KeyError(missing)
-        if final_state(finalists, values, full_steps, rule, n) != "go on":
-            return n
-    return rule.max_seeds
-
-
-def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
-    """The answer of a finished race (module docstring, **Verdict**); ``unit`` names the values
-    in the line (e.g. ``bits/byte``). The final's seeds are those it ran
-    (:func:`final_seeds_run`); ``p_value`` is the paired t-test's over them, which the line
-    sets against that look's nominal level (:meth:`autoln.race.sequential.Design.nominal`).
-
-    Raises:
-        KeyError: a finalist's seed the final needs not measured.
-        DivergenceError: every finalist diverged at some seed: the race has no answer."""
-    n = final_seeds_run(finalists, values, full_steps, rule)
-    per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
-    if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
-        raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
-                              "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)")
-    rank = sorted(finalists, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
-    searched = next((e for e in rank if not e.named), None)
-    named = next((e for e in rank if e.named), None)
-    u = f" {unit}" if unit else ""
-
-    def shown(e: Entry) -> str:
-        m, sd = mean_sd(per[e.name])
-        return (f"{e.name} {m:.4f}" + (f" ± {sd:.4f}" if n > 1 else "")) if math.isfinite(m) else f"{e.name} diverged"
-
-    at = f"at {full_steps} steps, {n} seeds" if n > 1 else f"at {full_steps} steps, seed 0"
-    if named is None:  # no named placement in the pool: the best searched finalist
-        return Verdict(rank[0], f"answer: {rank[0].name} ({rank[0].placements}; no named placement raced; {shown(rank[0])}{u} {at})",
-                       "searched-wins", searched, None, per)
-    if searched is None:
-        return Verdict(named, f"answer: {named.name} (the best named placement {at}: {', '.join(shown(e) for e in rank)}{u})",
-                       "named-wins", None, named, per)
-    design = rule.design
-    state = final_state(finalists, values, full_steps, rule, n)
-    p = paired_p(per[searched.name], per[named.name]) if n > 1 else None
-    test = design.describe()
-    single = rule.final_seeds == rule.max_seeds  # one look: the plain paired t-test at level (revision r2's words)
-    if state == "win":
-        bound = design.nominal()[n]
-        test_line = (f"one-sided paired t-test p = {p:.3g} < {rule.level}" if single else
-                     f"one-sided paired t-test p = {p:.3g} < {bound:.3g}, the boundary at {n} seeds of {test}")
-        return Verdict(searched, f"answer: {searched.name} = {searched.placements} (beats {named.name} {at}: {shown(searched)}, "
-                                 f"{shown(named)}{u}; {test_line})", "searched-wins", searched, named, per, p)
-    ahead = sum(paired_diffs(finalists, values, full_steps, n)) < 0
-    if not ahead:
-        where = "behind at seed 0" if n == 1 else f"not ahead on the mean over {n} seeds"
-        stop = ", so the final stopped there" if n < rule.max_seeds else ""
-        return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
-                              f"{shown(named)}{u}; {where}, it could not pass {test}{stop})", "named-wins", searched, named, per, p)
-    shown_p = "-" if p is None else format(p, ".3g")
-    if n < rule.max_seeds:
-        why = f"p = {shown_p}; no boundary of {test} within reach at {n} seeds, so the final stopped there"
-    else:
-        why = f"p = {shown_p}, not below {rule.level}" if single else f"p = {shown_p}, below no boundary of {test} up to {n} seeds"
-    return Verdict(named, f"answer: {named.name} (the searched {searched.name} tied with it {at}: {shown(searched)}, {shown(named)}{u}; "
-                          f"one-sided paired t-test {why}: the named placement is simpler and known)", "tie", searched, named, per, p)
 
 
 def run(entries: Sequence[Entry], full_steps: int, rule: RaceRule, measure: Callable[[Job], float],

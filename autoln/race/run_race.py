@@ -48,7 +48,8 @@ from autoln.core.errors import ConfigError, OutputError
 from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
 from autoln.core.io import read_json, save_figure_atomic, write_json_atomic
 from autoln.core.locks import FolderLock
-from autoln.race.rule import Entry, Job, Plan, RaceRule, Verdict, make_pool, most_steps, plan, rung_steps, steps_done, verdict
+from autoln.race.rule import Entry, Job, Plan, RaceRule, make_pool, most_steps, plan, rung_steps, steps_done
+from autoln.race.verdict import Verdict, verdict
 from autoln.runs.training import TimeLeft
 from autoln.tune import open_storage, write_hparams
 
@@ -63,7 +64,7 @@ def rule_of(cfg: Config) -> RaceRule:
     """The :class:`autoln.race.rule.RaceRule` of ``cfg.race``."""
     rc = cfg.race
     return RaceRule(eta=rc.eta, rungs=rc.rungs, final_seeds=rc.final_seeds, level=rc.level, max_seeds=rc.max_seeds,
-                    spending=rc.spending)
+                    spending=rc.spending, horizons=tuple(rc.horizons))
 
 
 def named_specs(candidates: list[str]) -> list[str]:
@@ -263,7 +264,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
         if stands_down(study, trial):
             trial.set_user_attr("spare", True)
             raise optuna.TrialPruned()
-        job = Job(trial.suggest_categorical("entry", names), trial.suggest_int("steps", 1, setup.full_steps),
+        job = Job(trial.suggest_categorical("entry", names), trial.suggest_int("steps", 1, setup.full_steps * max(setup.rule.horizons)),
                   trial.suggest_int("seed", 0, setup.rule.max_seeds - 1))
         value, info = run_job(setup, job)
         for k, v in info.items():
@@ -309,7 +310,7 @@ def fail_left_running(study) -> list[int]:
 
 @dataclass
 class RaceResult:
-    """A finished race: the :class:`autoln.race.rule.Verdict`, the final :class:`autoln.race.rule.Plan`,
+    """A finished race: the :class:`autoln.race.verdict.Verdict`, the final :class:`autoln.race.rule.Plan`,
     the answer's genotype file and ``race.json``'s path."""
 
     verdict: Verdict
@@ -406,7 +407,8 @@ def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
               "rungs": p.rungs, "jobs": jobs,
               "verdict": {"answer": v.answer.name, "placements": v.answer.placements, "kind": v.answer.kind, "outcome": v.outcome,
                           "line": v.line, "p_value": v.p_value, "values": v.values,
-                          "searched": v.searched.name if v.searched else None, "named": v.named.name if v.named else None},
+                          "searched": v.searched.name if v.searched else None, "named": v.named.name if v.named else None,
+                          "horizons": v.horizons},
               "wall_time_s": round(sum(j.get("wall_time_s") or 0 for j in jobs), 1)}
     record_path = write_json_atomic(folder / RACE_DIR / RACE_FILE, record)
     supernet = Genotype.load(folder / SUPERNET_FILE)

@@ -203,12 +203,12 @@ class Design:
         return dict(_levels(self.first, self.most, self.level, self.spending, t=True))[n]
 
     def describe(self) -> str:
-        """The design in one clause, for ``race.json`` and the rule's description."""
+        """The design in one clause, for the verdict line and the rule's description."""
         if self.first == self.most:
             return f"a one-sided paired t-test at level {self.level} over {self.first} seeds"
-        levels = ", ".join(f"{n}: {p:.4f}" for n, p in self.nominal().items())
-        return (f"a group-sequential one-sided paired t-test, looks at {self.first} to {self.most} seeds, "
-                f"{self.spending} alpha spending of level {self.level} (nominal levels {levels})")
+        kind = {"obrien-fleming": "O'Brien-Fleming", "pocock": "Pocock"}[self.spending]
+        return (f"a group-sequential one-sided paired t-test at level {self.level} (looks at {self.first} to {self.most} seeds, "
+                f"{kind} spending)")
 
 
 @lru_cache(maxsize=64)

@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for experiments.*
 
 from autoln.core.io import append_csv_row  # noqa: E402
-from autoln.race.rule import REVISION, RaceRule, paired_p  # noqa: E402
+from autoln.race.rule import REVISION, RaceRule  # noqa: E402
+from autoln.race.verdict import paired_p  # noqa: E402
 from autoln.race.sequential import decide  # noqa: E402
 
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"

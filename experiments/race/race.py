@@ -104,6 +104,7 @@ def search(cfg, folder: Path):
 def race_one(name: str, overrides: list[str], k: str, seed: int, args) -> dict:
     """One race and its fresh-seed check (module docstring); the row of :data:`RACES`."""
     from autoln.race import rule as R
+    from autoln.race import verdict as V
     from autoln.data import load_corpus
     from autoln.race.run_race import job_config, race_pool, rule_of
 
@@ -122,7 +123,7 @@ def race_one(name: str, overrides: list[str], k: str, seed: int, args) -> dict:
         return retrains.value(job_config(cfg, job), job.entry, specs[job.entry], by_name[job.entry].placements, run_dir)
 
     plan, values = R.run(entries, full, rule, measure)
-    v = R.verdict(plan.finalists, values, full, rule, "bits/byte")
+    v = V.verdict(plan.finalists, values, full, rule, "bits/byte")
     # the best named placement for the fresh check: of the two best named at the race's seed 0 at the full budget, the one
     # with the better mean at the fresh seeds (chosen on the fresh seeds themselves, which can only flatter the baseline)
     at0 = {e.name: R.score(values[(e.name, full, 0)]) for e in entries if e.named and (e.name, full, 0) in values}

@@ -210,7 +210,7 @@ def answer_worth(s: Setup, entry: str, fill: bool) -> float:
 
 def replay(s: Setup, args) -> str:
     """The report of one setting (module docstring)."""
-    from autoln.race import rule as R
+    from autoln.race import verdict as V
     from autoln.race.run_race import rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
@@ -220,7 +220,7 @@ def replay(s: Setup, args) -> str:
         fill = run < args.fill
         try:
             entries, plan, values, n = simulate(s, run, args.seed, fill)
-            v = R.verdict(plan.finalists, values, full, rule)
+            v = V.verdict(plan.finalists, values, full, rule)
             random_value = answer_worth(s, v.answer.name, fill)
             searched_values = [answer_worth(s, e, fill) for e in searched]  # the same in every run
         except Missing:
@@ -286,11 +286,12 @@ def check_named(s: Setup, args) -> str:
 def check_run(s: Setup, args) -> str:
     """Run ``args.check_run``'s race for real (module docstring) and compare it with the simulation."""
     from autoln.race import rule as R
+    from autoln.race import verdict as V
     from autoln.race.run_race import job_config, rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
     entries, sim_plan, sim_values, n = simulate(s, args.check_run, args.seed, False)
-    sim = R.verdict(sim_plan.finalists, sim_values, full, rule)
+    sim = V.verdict(sim_plan.finalists, sim_values, full, rule)
     folder, real = check_retrains(s, args)
     values: dict = {}
     t0 = time.perf_counter()
@@ -308,7 +309,7 @@ def check_run(s: Setup, args) -> str:
             values[j.key] = float("inf") if row is None else row.valid
             real.wall[(s.placements(j.entry), s.cfg.retrain.seed + j.seed, j.steps)] = row.wall_time_s if row else 0.0
     wall = time.perf_counter() - t0
-    v = R.verdict(plan.finalists, values, full, rule)
+    v = V.verdict(plan.finalists, values, full, rule)
     real_cost = sum(real.wall.values())
     shared = [k for k in values if k in sim_values]
     diff = max((abs(values[k] - sim_values[k]) for k in shared), default=float("nan"))
