@@ -5,7 +5,9 @@ real retrains (docs/design.md §10, docs/race.md).
   boundaries, futility, its simulation).
 - :mod:`~autoln.race.rule`: the rule alone, as pure functions of the measured values: the rungs
   (successive halving), the named placements at the full budget, the final over seeds and its
-  verdict. No training: the Python API's ``race_genotypes`` runs it too.
+  plan. No training: the Python API's ``race_genotypes`` runs it too.
+- :mod:`~autoln.race.verdict`: the answer of a finished race and its line (with the lead at
+  longer budgets, ``race.horizons``).
 - :mod:`~autoln.race.run_race`: ``search.py``'s race: the rule's retrains as jobs of the tune
   study's storage (resumable, several workers), ``race.json`` and ``race.png``.
 
