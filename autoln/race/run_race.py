@@ -108,11 +108,14 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
 
 def job_config(cfg: Config, job: Job) -> Config:
     """The retrain settings of ``job``: ``cfg.retrain`` at ``job.steps`` steps and seed
-    ``retrain.seed + job.seed``, its schedule's shape kept: the warm-up scaled with the length
-    (``round(warmup_steps * job.steps / retrain.steps)``; at the full budget the retrain's own),
-    evaluating at least at the end, without a progress bar."""
+    ``retrain.seed + job.seed``, evaluating at least at the end, without a progress bar. A short
+    rung keeps its schedule's shape: the warm-up scaled with the length (``round(warmup_steps *
+    job.steps / retrain.steps)``); at the full budget and at a longer horizon the warm-up is the
+    retrain's own and the schedule stretches to the longer end, as a user's longer run (and the
+    experiments' ground truth at 4x) trains."""
     rc = cfg.retrain
-    warmup = min(round(rc.warmup_steps * job.steps / rc.steps), job.steps - 1)
+    scaled = rc.warmup_steps if job.steps >= rc.steps else round(rc.warmup_steps * job.steps / rc.steps)
+    warmup = min(scaled, job.steps - 1)
     retrain = dataclasses.replace(rc, steps=job.steps, seed=rc.seed + job.seed, eval_every=min(rc.eval_every, job.steps),
                                   warmup_steps=max(0, warmup))
     return dataclasses.replace(cfg, retrain=retrain, logging=dataclasses.replace(cfg.logging, progress=False))

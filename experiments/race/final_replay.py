@@ -12,7 +12,10 @@ wins, a final stopped while the searched finalist was ahead on the mean); a race
 finalist was behind at seed 0 ends there under both rules. One row per final goes to
 ``experiments/final_replays.csv``::
 
-    OMP_NUM_THREADS=1 python experiments/race/final_replay.py --data WIKITEXT_FOLDER [--finals shallow7-seed2,shallow7-seed0]
+    OMP_NUM_THREADS=1 python experiments/race/final_replay.py --data WIKITEXT_FOLDER [--finals shallow7-seed2,shallow7-seed0] [--lasts 4]
+
+``--lasts 4``: then each final the searched finalist won, both finalists at 4 times the budget
+at its fresh seeds (``truth_longer.py``'s longer retrain), and whether the lead lasts.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import csv
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for experiments.*
 
@@ -48,13 +52,19 @@ FINALS = {
 class Retrains:
     """The setting's retrains at its full budget: read from the table, else run and recorded."""
 
-    def __init__(self, setting: str, k: str, data: str, table: Path, out: Path) -> None:
+    def __init__(self, setting: str, k: str, data: str, table: Path, out: Path, multiplier: int = 1) -> None:
+        import dataclasses
+
         from autoln.data import load_corpus
         from experiments.common.retrain_table import space_of
         from experiments.common.validate import setting_config
 
         self.setting, self.table, self.out = setting, table, out
         self.cfg = setting_config(setting, [*([SEVEN] if k == "7" else []), "logging.progress=false", f"data.corpus={data}"], None)
+        if multiplier > 1:  # truth_longer.py's and horizon.py's longer retrain: the warm-up as configured, eval_every scaled
+            rc = self.cfg.retrain
+            self.cfg = dataclasses.replace(self.cfg, retrain=dataclasses.replace(rc, steps=rc.steps * multiplier,
+                                                                                 eval_every=rc.eval_every * multiplier))
         self.space, self.vocab = space_of(self.cfg), load_corpus(self.cfg.data).vocab_size
 
     def values(self, placements: str) -> dict[int, float]:
@@ -75,7 +85,7 @@ class Retrains:
             from autoln.models.genotype import is_baseline
             from experiments.common.retrain_table import compare_with_table
 
-            folder = self.out / self.setting / placements.replace(" ", "-")
+            folder = self.out / self.setting / f"{self.cfg.retrain.steps}" / placements.replace(" ", "-")
             files, named = ([], [spec]) if is_baseline(spec) else ([spec], [])
             compare_with_table(self.cfg, self.setting, files, named, seed + 1, folder, self.table)
             have = self.values(placements)
@@ -126,6 +136,30 @@ def replay(name: str, args) -> dict:
             "commit": current_commit()}
 
 
+def lasts(name: str, multiplier: int, args) -> Optional[str]:
+    """Does the lead last? For a final of ``final_replays.csv`` (rule r3) whose searched
+    finalist won: both finalists at ``multiplier`` times the budget at its fresh seeds (rows of
+    the retrain table). Returns the comparison's line, or None (no such final)."""
+    if not OUT_TABLE.exists():
+        return None
+    with open(OUT_TABLE, newline="", encoding="utf-8") as f:
+        row = next((r for r in csv.DictReader(f) if (r["final"], r["rule"]) == (name, REVISION) and r["outcome"] == "searched-wins"), None)
+    if row is None:
+        return None
+    from autoln.models.genotype import baseline
+
+    setting, k, _, searched, named = FINALS[name]
+    rt = Retrains(setting, k, args.data, args.table, Path(args.out), multiplier)
+    spec, named_placements = rt.genotype_file(searched), baseline(named, rt.cfg.model, rt.vocab).describe()
+    fresh = [int(s) - rt.cfg.retrain.seed for s in row["fresh_seeds"].split()]
+    a = [rt.value(spec, searched, i) for i in fresh]
+    b = [rt.value(named, named_placements, i) for i in fresh]
+    sd, gap = max(statistics.stdev(a), statistics.stdev(b)), statistics.mean(a) - statistics.mean(b)
+    word = "still ahead" if gap < -sd else ("behind" if gap > sd else "level (within one standard deviation)")
+    return (f"[lasts] {name} at {rt.cfg.retrain.steps} steps, fresh seeds {row['fresh_seeds']}: searched {statistics.mean(a):.4f} ± "
+            f"{statistics.stdev(a):.4f}, {named} {statistics.mean(b):.4f} ± {statistics.stdev(b):.4f}: {word} ({gap:+.4f})")
+
+
 def main(argv=None) -> int:
     from experiments.common.retrain_table import default_table
 
@@ -134,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--finals", default=",".join(FINALS), help=f"a comma-separated subset of {list(FINALS)}")
     p.add_argument("--table", type=Path, default=default_table())
     p.add_argument("--out", default="runs/final_replay")
+    p.add_argument("--lasts", type=int, default=0, metavar="K",
+                   help="then each searched win's finalists at K times the budget, at its fresh seeds")
     args = p.parse_args(argv)
     names = [n for n in args.finals.split(",") if n]
     unknown = [n for n in names if n not in FINALS]
@@ -151,6 +187,11 @@ def main(argv=None) -> int:
         m, t = (statistics.mean(float(x) for x in row[c].split(" / ")) for c in ("fresh_searched", "fresh_named"))
         print(f"[final] {name}: {row['outcome']} after {row['seeds']} seeds (p = {row['p_value'] or '-'}); fresh seeds "
               f"{row['fresh_seeds']}: searched {m:.4f}, {row['named']} {t:.4f}", flush=True)
+    if args.lasts > 1:
+        for name in names:
+            line = lasts(name, args.lasts, args)
+            if line:
+                print(line, flush=True)
     return 0
 
 

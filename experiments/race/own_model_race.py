@@ -22,6 +22,9 @@ so a race is never paid for twice and can be replayed from the table. One row pe
 ``experiments/own_model_race.csv``::
 
     OMP_NUM_THREADS=1 python experiments/race/own_model_race.py --data input.txt --candidates 3,7 --search-seeds 0
+
+``--lasts 4`` then retrains each searched answer and its best named placement at 4 times the
+budget at the fresh seeds (rows of the same table) and says whether the lead lasts.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -58,12 +62,14 @@ RACE_FIELDS = ["candidates", "search_seed", "rule", "read_off", "answer", "answe
 
 
 def rung_recipe(steps: int) -> tuple[Recipe, str]:
-    """nanoGPT's recipe at ``steps`` with its schedule's shape kept (the warm-up scaled with the
-    length, as ``search.py``'s race scales it) and the table's ``setup`` of such a retrain: the
-    ground truth's own at the full 500 steps, marked ``warmup-scaled`` at a shorter rung."""
+    """nanoGPT's recipe at ``steps`` and the table's ``setup`` of such a retrain: at a shorter rung
+    its schedule's shape kept (the warm-up scaled with the length, as ``search.py``'s race scales
+    it; marked ``warmup-scaled``), at the full 500 steps and longer the ground truth's own
+    (warm-up 100 steps, the cosine stretched to the end, as ``truth_longer.py`` trains)."""
     full = Recipe()
-    recipe = Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps))
-    return recipe, SETUP if steps == full.steps else f"{SETUP} warmup-scaled"
+    if steps >= full.steps:
+        return Recipe(steps=steps), SETUP
+    return Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps)), f"{SETUP} warmup-scaled"
 
 
 def table_values(path: Path = TABLE) -> dict[tuple[str, int, int, str], float]:
@@ -161,11 +167,38 @@ def race_one(k: str, seed: int, data, vocab: int) -> dict:
             "fresh_pre": " / ".join(f"{v:.4f}" for v in fresh["pre"]), "commit": tr.commit}
 
 
+def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]:
+    """Does the lead last? For the rule-r3 race of ``(k, seed)`` in ``RACES`` whose answer is
+    searched: the answer and the best named placement retrained at ``multiplier`` times the
+    budget (``truth_longer.py``'s recipe: warm-up 100, the cosine stretched) at the fresh seeds
+    :data:`FRESH`, rows of the table. Returns the comparison's line, or None (no such race)."""
+    from experiments.truth.own_model_truth import site_genotype
+
+    with open(RACES, newline="", encoding="utf-8") as f:
+        row = next((r for r in csv.DictReader(f) if (r["candidates"], int(r["search_seed"]), r["rule"]) == (k, seed, REVISION)
+                    and r["outcome"] == "searched-wins"), None)
+    if row is None:
+        return None
+    tr = Trainer(SETS[k], data, vocab)
+    steps = Recipe().steps * multiplier
+    answer = site_genotype(row["answer_genotype"].split(), SETS[k])
+    named = named_site_genotypes(tr.build())[row["best_named"]]
+    a = [tr.value(answer, s, steps, f"lasts{k}:answer") for s in FRESH]
+    b = [tr.value(named, s, steps, f"lasts{k}:best_named") for s in FRESH]
+    sd = max(statistics.stdev(a), statistics.stdev(b))
+    gap = statistics.mean(a) - statistics.mean(b)
+    word = "still ahead" if gap < -sd else ("behind" if gap > sd else "level (within one standard deviation)")
+    return (f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: answer {statistics.mean(a):.4f} ± "
+            f"{statistics.stdev(a):.4f}, {row['best_named']} {statistics.mean(b):.4f} ± {statistics.stdev(b):.4f}: {word} ({gap:+.4f})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters)")
     p.add_argument("--candidates", default="3,7", help="candidate sets: 3 and/or 7")
     p.add_argument("--search-seeds", default="0")
+    p.add_argument("--lasts", type=int, default=0, metavar="K",
+                   help="after the races: each searched answer and its best named placement at K times the budget, fresh seeds")
     args = p.parse_args(argv)
     try:
         train_data, val_data, vocab = load_data(args.data)
@@ -185,6 +218,12 @@ def main(argv=None) -> int:
             append_csv_row(RACES, RACE_FIELDS, row)
             print(f"[race] {k} candidates, search seed {seed}: {row['verdict']}\n  fresh seeds {FRESH}: answer {row['fresh_answer']}, "
                   f"{row['best_named']} {row['fresh_best_named']}, all-pre {row['fresh_pre']}", flush=True)
+    if args.lasts > 1:
+        for k in args.candidates.split(","):
+            for seed in (int(s) for s in args.search_seeds.split(",")):
+                line = lasts(k, seed, args.lasts, (train_data, val_data), vocab)
+                if line:
+                    print(line, flush=True)
     return 0
 
 
