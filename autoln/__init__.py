@@ -1,11 +1,11 @@
 """autoln: differentiable search for where a Transformer's layer norms should go.
 
-Modules, in dependency order: :mod:`errors`, :mod:`placements`, :mod:`branches` (the search space),
-:mod:`config`, :mod:`io`, :mod:`data`, :mod:`model`, :mod:`supernet`, :mod:`genotype`,
-:mod:`training`, :mod:`architect` (the bilevel step), :mod:`selection`, :mod:`api` (your own
-model: :mod:`api.sites`, :mod:`api.site_genotype`, :mod:`api.search_model`, :mod:`api.batches`,
-:mod:`api.run_folder`, :mod:`api.search_settings`, :mod:`api.searching`, :mod:`api.deriving`,
-:mod:`api.comparing`, :mod:`api.racing`), :mod:`tb`, :mod:`run_search`, :mod:`run_retrain`, :mod:`cli`.
+The package is one folder per job, in dependency order (docs/design.md §12): :mod:`space` (the
+candidates' formulas) and :mod:`core` (errors, files, locks, torch.distributed, TensorBoard),
+:mod:`config`, :mod:`data`, :mod:`models` (the Transformer, the supernet, the genotype),
+:mod:`runs` (the training step, checkpoints, workers), :mod:`oneshot` (the bilevel search and the
+read-off), :mod:`retrain`, :mod:`tune`, :mod:`race`, and on top the two faces, :mod:`api` (your
+own model) and :mod:`cli` (``search.py``, ``retrain.py``), with :mod:`diagnose`.
 
 The public API for a model of your own (README, *Your own model*), imported on first use:
 ``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,

@@ -243,5 +243,13 @@ def test_the_layers_contract_names_every_folder_in_design_md_order():
         {p.stem for p in (ROOT / "autoln").glob("*.py") if p.stem != "__init__"}
     assert named == present
     design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    table = re.findall(r"^\| `autoln/([a-z_]+)(?:/|\.py)` \|", design, re.M)
-    assert table == [n for layer in layers for n in layer], "docs/design.md's layout table is not the contract's order"
+    rows = re.findall(r"^\| `autoln/([a-z_]+)(?:/|\.py)` \| .*? \| ([^|]*) \|$", design, re.M)
+    assert [r[0] for r in rows] == [n for layer in layers for n in layer], "docs/design.md's layout table is not the contract's order"
+    # its last column: exactly the folders each folder's modules import from (the import graph, function bodies included)
+    imports: dict[str, set[str]] = {}
+    for module, edges in import_graph(PACKAGE).items():
+        here = module.split(".")[0]
+        imports.setdefault(here, set()).update(e.split(".")[0] for e in edges if e.split(".")[0] not in (here, "__init__"))
+    for name, column in rows:
+        listed = set() if column.strip() == "(nothing)" else {c.strip() for c in column.split(",")}
+        assert listed == imports.get(name, set()), f"docs/design.md, {name}: lists {sorted(listed)}, imports {sorted(imports.get(name, set()))}"
