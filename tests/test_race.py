@@ -371,6 +371,14 @@ def test_two_workers_on_one_storage_run_each_retrain_once(searched, whole):
     assert len(logs) == len(b["jobs"])  # every retrain ran in one worker, once
 
 
+def test_race_config_defaults_are_the_rule_s():
+    """race.* in the configuration (the config layer, below the race) and RaceRule (the API's
+    rule) hold the same defaults: search.py's race and race_genotypes' race are one rule."""
+    from autoln.config import Config
+
+    assert run_race.rule_of(Config()) == RaceRule()
+
+
 def test_race_settings_are_checked_by_name(tmp_path):
     from autoln.core.errors import ConfigError
 

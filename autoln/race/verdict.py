@@ -88,17 +88,33 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
         a = [values[(mine.name, steps, i)] for i in range(rule.final_seeds)]
         b = [values[(best.name, steps, i)] for i in range(rule.final_seeds)]
         (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-        sd = max(sa, sb)
-        lead = "ahead" if ma < mb - sd else ("behind" if ma > mb + sd else "level")
+        state = lead(a, b)
         v.horizons.append({"multiplier": k, "steps": steps, "searched": mine.name, "named": best.name,
-                           "values": {mine.name: a, best.name: b}, "lead": lead})
+                           "values": {mine.name: a, best.name: b}, "lead": state})
         shown = f"{mine.name} {ma:.4f} ± {sa:.4f}, {best.name} {mb:.4f} ± {sb:.4f}{u}"
-        words.append(f"at {steps} steps still ahead ({shown})" if lead == "ahead" else
-                     f"at {steps} steps {'behind' if lead == 'behind' else 'level, within one standard deviation'} ({shown})")
+        words.append(f"at {steps} steps still ahead ({shown})" if state == "ahead" else
+                     f"at {steps} steps {'behind' if state == 'behind' else 'level, within one standard deviation'} ({shown})")
     lasts = v.horizons[-1]["lead"] == "ahead"
     tail = "; ".join(words) + ("" if lasts else f": the lead at {full_steps} steps does not last")
     v.line = v.line[:-1] + f"; {tail})"
     return v
+
+
+def lead(a: Sequence[float], b: Sequence[float]) -> str:
+    """``ahead``, ``behind`` or ``level``: the mean of ``a`` against the mean of ``b`` (lower is
+    better), a gap within the larger sample standard deviation over seeds being ``level``
+    (:mod:`autoln.retrain.ranking`'s tie rule)."""
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    sd = max(sa, sb)
+    return "ahead" if ma < mb - sd else ("behind" if ma > mb + sd else "level")
+
+
+def lead_line(a: Sequence[float], b: Sequence[float], names: tuple[str, str]) -> str:
+    """``names[0] mean ± sd, names[1] mean ± sd: still ahead | behind | level (within one
+    standard deviation) (gap)``: how ``a`` stands against ``b`` (:func:`lead`), for a line."""
+    (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
+    word = {"ahead": "still ahead", "behind": "behind", "level": "level (within one standard deviation)"}[lead(a, b)]
+    return f"{names[0]} {ma:.4f} ± {sa:.4f}, {names[1]} {mb:.4f} ± {sb:.4f}: {word} ({ma - mb:+.4f})"
 
 
 def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:

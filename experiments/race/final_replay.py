@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.race.rule import REVISION, RaceRule  # noqa: E402
-from autoln.race.verdict import paired_p  # noqa: E402
+from autoln.race.verdict import lead_line, paired_p  # noqa: E402
 from autoln.race.sequential import decide  # noqa: E402
 
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
@@ -154,10 +154,7 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     fresh = [int(s) - rt.cfg.retrain.seed for s in row["fresh_seeds"].split()]
     a = [rt.value(spec, searched, i) for i in fresh]
     b = [rt.value(named, named_placements, i) for i in fresh]
-    sd, gap = max(statistics.stdev(a), statistics.stdev(b)), statistics.mean(a) - statistics.mean(b)
-    word = "still ahead" if gap < -sd else ("behind" if gap > sd else "level (within one standard deviation)")
-    return (f"[lasts] {name} at {rt.cfg.retrain.steps} steps, fresh seeds {row['fresh_seeds']}: searched {statistics.mean(a):.4f} ± "
-            f"{statistics.stdev(a):.4f}, {named} {statistics.mean(b):.4f} ± {statistics.stdev(b):.4f}: {word} ({gap:+.4f})")
+    return f"[lasts] {name} at {rt.cfg.retrain.steps} steps, fresh seeds {row['fresh_seeds']}: {lead_line(a, b, ('searched', named))}"
 
 
 def main(argv=None) -> int:

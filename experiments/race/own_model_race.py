@@ -172,6 +172,7 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     searched: the answer and the best named placement retrained at ``multiplier`` times the
     budget (``truth_longer.py``'s recipe: warm-up 100, the cosine stretched) at the fresh seeds
     :data:`FRESH`, rows of the table. Returns the comparison's line, or None (no such race)."""
+    from autoln.race.verdict import lead_line
     from experiments.truth.own_model_truth import site_genotype
 
     with open(RACES, newline="", encoding="utf-8") as f:
@@ -185,11 +186,7 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     named = named_site_genotypes(tr.build())[row["best_named"]]
     a = [tr.value(answer, s, steps, f"lasts{k}:answer") for s in FRESH]
     b = [tr.value(named, s, steps, f"lasts{k}:best_named") for s in FRESH]
-    sd = max(statistics.stdev(a), statistics.stdev(b))
-    gap = statistics.mean(a) - statistics.mean(b)
-    word = "still ahead" if gap < -sd else ("behind" if gap > sd else "level (within one standard deviation)")
-    return (f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: answer {statistics.mean(a):.4f} ± "
-            f"{statistics.stdev(a):.4f}, {row['best_named']} {statistics.mean(b):.4f} ± {statistics.stdev(b):.4f}: {word} ({gap:+.4f})")
+    return f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', row['best_named']))}"
 
 
 def main(argv=None) -> int:
