@@ -3,7 +3,7 @@
 The package is one folder per job, in dependency order (docs/design.md §12): :mod:`space` (the
 candidates' formulas) and :mod:`core` (errors, files, locks, torch.distributed, TensorBoard),
 :mod:`config`, :mod:`data`, :mod:`models` (the Transformer, the supernet, the genotype),
-:mod:`runs` (the training step, checkpoints, workers), :mod:`oneshot` (the bilevel search and the
+:mod:`engine` (the training step, checkpoints, workers), :mod:`oneshot` (the bilevel search and the
 read-off), :mod:`retrain`, :mod:`tune`, :mod:`race`, and on top the two faces, :mod:`api` (your
 own model) and :mod:`cli` (``search.py``, ``retrain.py``), with :mod:`diagnose`.
 

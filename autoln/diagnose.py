@@ -63,7 +63,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     from autoln.retrain.run_retrain import DIAG_WINDOWS, log_diagnostics, prepare_derived
     from autoln.core.errors import DivergenceError
     from autoln.core.tb import Logger
-    from autoln.runs.training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
+    from autoln.engine.training import prepare_model, prepare_out_dir, seed_everything, train_step, weight_optimizer
 
     if steps < 1:
         raise ConfigError(f"--steps must be a positive integer, got {steps}")
@@ -156,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def body() -> None:
         from autoln.config import load_config
         from autoln.models.genotype import is_baseline
-        from autoln.runs.training import default_out_dir
+        from autoln.engine.training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
         tag = args.genotype if is_baseline(args.genotype) else ""

@@ -74,7 +74,7 @@ from autoln.core.errors import ConfigError
 from autoln.core.io import write_json_atomic
 from autoln.models.model import build_derived
 from autoln.models.supernet import Supernet, set_candidate_scale
-from autoln.runs.training import prepare_model, resolve_device, train_step, weight_optimizer
+from autoln.engine.training import prepare_model, resolve_device, train_step, weight_optimizer
 
 VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight",
             "example_derived", "example_weight", "common_weight")

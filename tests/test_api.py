@@ -156,7 +156,7 @@ def test_load_derived_gives_the_retrain_s_own_valid_loss(tmp_path):
     from autoln.config import load_config
     from autoln.data import eval_starts, load_corpus
     from autoln.retrain.run_retrain import run_retrain
-    from autoln.runs.training import evaluate
+    from autoln.engine.training import evaluate
 
     text = tmp_path / "text.txt"
     text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 2, encoding="utf-8")

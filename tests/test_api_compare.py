@@ -14,7 +14,7 @@ import autoln
 from autoln.api.comparing import CompareRow, Comparison, verdict
 from autoln.config import RetrainConfig
 from autoln.retrain.ranking import is_tie
-from autoln.runs.training import evaluate_batches, train_step, weight_optimizer
+from autoln.engine.training import evaluate_batches, train_step, weight_optimizer
 
 from .test_nanogpt_diff import EXAMPLE, load
 

@@ -270,7 +270,7 @@ def test_skipped_updates_are_in_the_outcome_its_notes_and_stderr(capsys):
 
 
 def test_evaluation_counts_the_scored_targets_and_skips_a_batch_with_none():
-    from autoln.runs.training import evaluate_batches
+    from autoln.engine.training import evaluate_batches
 
     torch.manual_seed(0)
     model = autoln.derive(Tiny(), _site_genotype(Tiny(), "pre"))

@@ -63,7 +63,7 @@ def test_cpu_allocator_keeps_freed_memory_on_glibc():
 
     import pytest
 
-    from autoln.runs.training import keep_cpu_memory
+    from autoln.engine.training import keep_cpu_memory
 
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")

@@ -11,7 +11,7 @@ from autoln.config import ModelConfig, SearchConfig
 from autoln.space.mixing import MIXINGS, beta_regulariser, draw_gumbel, linear, site_entropy, zero_one_loss
 from autoln.oneshot.monitor import DELTA, LAG, RATIO, START_FRACTION, WINDOW, CollapseMonitor, alpha_hessian, max_eigenvalue
 from autoln.models.supernet import Supernet
-from autoln.runs.training import weight_optimizer
+from autoln.engine.training import weight_optimizer
 
 from .conftest import ROOT
 

@@ -109,7 +109,7 @@ def test_r_darts_needs_in_the_config_match_the_monitor():
 
 
 def test_configs_recorded_before_a_key_existed_compare_equal():
-    from autoln.runs.checkpoint import config_differences
+    from autoln.engine.checkpoint import config_differences
     from autoln.config import with_defaults
 
     old = Config().to_dict()

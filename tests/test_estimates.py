@@ -77,9 +77,9 @@ def test_the_search_s_supernet_valid_carries_its_error(tmp_path, capsys):
 
 
 def test_time_left_is_the_work_left_at_the_rate_so_far():
-    """:class:`autoln.runs.training.TimeLeft`: a run resumed at step 100 of 500 that reaches step 200
+    """:class:`autoln.engine.training.TimeLeft`: a run resumed at step 100 of 500 that reaches step 200
     after 10 s has 300 steps left at 10 steps/s: 30 s, in tqdm's format; a bound says so."""
-    from autoln.runs.training import TimeLeft
+    from autoln.engine.training import TimeLeft
 
     now = [50.0]
     eta = TimeLeft(100, 500, clock=lambda: now[0])

@@ -16,7 +16,7 @@ from autoln.data import eval_starts
 from autoln.oneshot.fidelity import kendall_tau, one_hot_mixing, sample_genotypes, score_genotypes
 from autoln.models.model import build_derived
 from autoln.models.supernet import Supernet
-from autoln.runs.training import evaluate
+from autoln.engine.training import evaluate
 
 from .conftest import ROOT, experiment_script
 

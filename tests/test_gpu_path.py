@@ -19,7 +19,7 @@ from autoln.config import ModelConfig, SearchConfig, load_config
 from autoln.models.model import build_derived, full_precision
 from autoln.oneshot.monitor import alpha_hessian
 from autoln.models.supernet import Supernet
-from autoln.runs.training import autocast_dtype, evaluate, prepare_model, weight_optimizer
+from autoln.engine.training import autocast_dtype, evaluate, prepare_model, weight_optimizer
 
 from .conftest import ROOT
 

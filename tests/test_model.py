@@ -9,7 +9,7 @@ from autoln.models.genotype import baseline
 from autoln.models.model import build_derived
 from autoln.space.placements import deepnorm_constants
 from autoln.models.supernet import Supernet, site_names
-from autoln.runs.training import weight_optimizer
+from autoln.engine.training import weight_optimizer
 
 VOCAB = 23
 

@@ -281,7 +281,7 @@ def sequential_job(stop_at: Optional[int] = None):
     """A rigged ``run_job``: named placements 3.0 plus a seed's noise, searched entries
     :data:`SEQUENTIAL` below them; at the final's seed ``stop_at`` it stops as ``run_job`` does
     on SIGTERM (the retrain's stop signals raise :class:`Interrupted`, which ``run_job`` words)."""
-    from autoln.runs.checkpoint import Interrupted
+    from autoln.engine.checkpoint import Interrupted
 
     noise = (0.004, -0.002, 0.001, 0.003, -0.001, 0.002)
 

@@ -89,7 +89,7 @@ def test_the_reference_start_has_autoln_s_statistics_matrix_by_matrix(start):
 
 def test_the_reference_recipe_is_retrain_s_defaults():
     from autoln.config import RetrainConfig
-    from autoln.runs.training import lr_factor
+    from autoln.engine.training import lr_factor
 
     r, cfg = ref.RECIPE, RetrainConfig()
     for key in ("steps", "batch_size", "lr", "weight_decay", "warmup_steps", "min_lr_ratio", "grad_clip", "final_eval_windows"):

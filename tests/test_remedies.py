@@ -328,7 +328,7 @@ def test_out_of_memory_in_a_run_of_a_default_folder_continues_as_printed(work, c
 
 def test_a_stop_signal_in_a_run_of_a_default_folder_continues_as_printed(work, corpus, monkeypatch, capsys):
     """SIGTERM after step 1 (no --out): ``continue with:`` names --resume and the folder."""
-    from autoln.runs.checkpoint import StopSignals
+    from autoln.engine.checkpoint import StopSignals
 
     args = started(monkeypatch, "retrain.py", [*common(corpus), "--genotype", "all-pre", *SHORT_RETRAIN,
                                                "--set", "retrain.steps=4"])
@@ -354,7 +354,7 @@ def test_a_stopped_set_of_seeds_goes_on_as_printed_keeping_its_finished_seeds(st
     from concurrent.futures.process import BrokenProcessPool
 
     from autoln.oneshot import consensus
-    from autoln.runs.checkpoint import StopSignals
+    from autoln.engine.checkpoint import StopSignals
 
     args = started(monkeypatch, "search.py", ["--seeds", "2", *common(corpus), *SHORT_SEARCH, "--out", "seeds", "--overwrite"])
     search_one = consensus._search_one

@@ -364,7 +364,7 @@ def test_the_resume_hint_is_the_run_s_own_command_with_resume(monkeypatch):
 def test_a_half_written_checkpoint_left_by_a_killed_process_is_removed(tmp_path):
     """A process killed while writing its checkpoint leaves the atomic write's temporary file
     (``.checkpoint.pt.<random>.tmp``); the next run on that folder removes it, and nothing else."""
-    from autoln.runs.checkpoint import Checkpointer
+    from autoln.engine.checkpoint import Checkpointer
 
     stale = tmp_path / ".checkpoint.pt.f57d_q8n.tmp"
     stale.write_bytes(b"half a checkpoint")
@@ -490,7 +490,7 @@ def test_a_corpus_moved_with_the_same_bytes_resumes_and_another_is_refused(tmp_p
 
 
 def test_a_checkpoint_without_a_fingerprint_cannot_take_a_moved_corpus(tmp_path):
-    from autoln.runs.checkpoint import moved_corpus
+    from autoln.engine.checkpoint import moved_corpus
 
     cfg = load_config(TINY, ["data.corpus=stdlib"])
     diffs = ["data.corpus (checkpoint /old/x.txt, now stdlib)", "retrain.lr (checkpoint 0.002, now 0.01)"]

@@ -115,7 +115,7 @@ def test_sections_a_run_does_not_read_may_change_and_a_result_key_may_not(tmp_pa
 
 
 def test_a_finished_retrain_made_on_another_device_or_compiled_stands_for_this_one(tmp_path):
-    from autoln.runs.folders import run_config_differences
+    from autoln.engine.folders import run_config_differences
 
     cfg = load_config(TINY)
     made = cfg.to_dict()

@@ -6,7 +6,7 @@ import pytest
 
 from autoln.config import RetrainConfig, load_config
 from autoln.core.errors import ConfigError
-from autoln.runs.training import lr_factor
+from autoln.engine.training import lr_factor
 
 
 def test_warmup_is_linear_and_reaches_the_peak():

@@ -15,7 +15,7 @@ from autoln.core.errors import OutputError
 from autoln.data import WindowSampler, arch_split, eval_batches, load_corpus
 from autoln.models.model import TransformerLM
 from autoln.oneshot.run_search import run_search
-from autoln.runs.training import seed_everything
+from autoln.engine.training import seed_everything
 
 from .conftest import ROOT
 
@@ -191,7 +191,7 @@ def test_autoln_search_refuses_bad_input_in_one_line_before_any_step(tmp_path, k
 def test_an_interrupted_autoln_search_names_the_call_that_continues_it(tmp_path):
     import signal
 
-    from autoln.runs.checkpoint import Interrupted
+    from autoln.engine.checkpoint import Interrupted
 
     def term_at_20(step, metrics):
         if step == 20:

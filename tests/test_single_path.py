@@ -15,7 +15,7 @@ from autoln.core.errors import ConfigError
 from autoln.config import ModelConfig, SearchConfig, load_config
 from autoln.models.model import build_derived
 from autoln.models.supernet import Supernet
-from autoln.runs.training import seed_everything, weight_optimizer
+from autoln.engine.training import seed_everything, weight_optimizer
 
 from .conftest import ROOT
 

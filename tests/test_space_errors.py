@@ -140,7 +140,7 @@ def test_every_writer_reports_a_file_size_limit_as_an_oserror_naming_its_file_an
 
 
 @pytest.mark.parametrize("module, attr, nth, file", [
-    ("autoln.runs.checkpoint", "save", 2, "checkpoint.pt"),   # torch.save's RuntimeError; the first checkpoint is kept
+    ("autoln.engine.checkpoint", "save", 2, "checkpoint.pt"),   # torch.save's RuntimeError; the first checkpoint is kept
     ("autoln.core.tb", "Logger.scalar", 40, "events.out.tfevents"),  # TensorBoard's writer thread
     ("autoln.core.io", "save_figure_atomic", 1, "alphas.png"),  # matplotlib (imported where it is used)
     ("autoln.models.genotype", "write_json_atomic", 1, "genotype.json"),

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from autoln.core import commands, distributed
-from autoln.runs.checkpoint import StopSignals
+from autoln.engine.checkpoint import StopSignals
 from autoln.cli import guarded
 from autoln.core.errors import ConfigError
 

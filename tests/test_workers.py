@@ -1,4 +1,4 @@
-"""--workers: several runs at once in spawned processes (autoln.runs.workers), and how their
+"""--workers: several runs at once in spawned processes (autoln.engine.workers), and how their
 failures reach the command."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoln.runs.workers import run_in_processes, threads_per_worker, usable_cores
+from autoln.engine.workers import run_in_processes, threads_per_worker, usable_cores
 
 
 def _mark_then(folder: str, i: int, threads: int) -> int:
@@ -43,7 +43,7 @@ def test_the_first_failure_cancels_the_calls_not_started_and_is_raised(tmp_path)
 def test_a_stopped_worker_s_interrupt_and_a_dead_worker_reach_the_command_as_one_line(capsys):
     from concurrent.futures.process import BrokenProcessPool
 
-    from autoln.runs.checkpoint import Interrupted
+    from autoln.engine.checkpoint import Interrupted
     from autoln.cli import EXIT_WORKER_DIED, guarded
 
     stop = pickle.loads(pickle.dumps(Interrupted(15, "stopped by signal after step 7")))
@@ -70,7 +70,7 @@ def test_sigterm_to_the_command_stops_it_after_the_running_calls_with_one_line(t
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    script = ("import sys; from autoln.cli import guarded; from autoln.runs.workers import run_in_processes; "
+    script = ("import sys; from autoln.cli import guarded; from autoln.engine.workers import run_in_processes; "
               "from tests.test_workers import _mark_then; "
               f"sys.exit(guarded(lambda: run_in_processes(_mark_then, [({str(tmp_path)!r}, i) for i in range(1, 9)], 2)))")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stderr=subprocess.PIPE, text=True)

@@ -29,7 +29,7 @@ from autoln.api.sites import as_number, as_pair, check_build, check_names, searc
 from autoln.config import RetrainConfig
 from autoln.core.errors import GenotypeError
 from autoln.retrain.ranking import is_tie, mean_std, stats, vs_best
-from autoln.runs.training import on_terminal, progress_bar
+from autoln.engine.training import on_terminal, progress_bar
 
 
 @dataclass
@@ -121,13 +121,13 @@ def uniform(model: nn.Module, placement: str) -> SiteGenotype:
 
 def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int], None]:
     """A plain training loop: ``cfg.steps`` AdamW steps (decay on matrices, ``cfg``'s warm-up and
-    cosine schedule, clipping; :func:`autoln.runs.training.weight_optimizer`) on the batches of
+    cosine schedule, clipping; :func:`autoln.engine.training.weight_optimizer`) on the batches of
     ``train_batches`` in order, re-iterated when used up, on the model's device.
 
     Raises:
         ValueError: ``train_batches`` that cannot be iterated again (a generator or iterator:
             each model needs the same batches), or a batch that is no ``(x, y)`` pair."""
-    from autoln.runs.training import train_step, weight_optimizer
+    from autoln.engine.training import train_step, weight_optimizer
 
     if train_batches is None or iter(train_batches) is train_batches:
         raise ValueError("autoln.compare_genotypes: train_batches: expected a list or a DataLoader of (x, y) batches, which every "
@@ -153,11 +153,11 @@ def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int
 
 def default_evaluate(valid_batches) -> Callable[[nn.Module], float]:
     """Mean loss (nats per token, weighted by tokens) over ``valid_batches``
-    (:func:`autoln.runs.training.evaluate_batches`).
+    (:func:`autoln.engine.training.evaluate_batches`).
 
     Raises:
         ValueError: no ``valid_batches`` (pass them, or ``evaluate=fn(model) -> float``)."""
-    from autoln.runs.training import evaluate_batches
+    from autoln.engine.training import evaluate_batches
 
     if valid_batches is None:
         raise ValueError("autoln.compare_genotypes: pass valid_batches (a list of (x, y) batches) or evaluate=fn(model) -> float")
@@ -313,7 +313,7 @@ def check_compare(build, genotypes, baselines, seeds, train, evaluate, cfg) -> t
 class RunProgress:
     """The progress of a comparison or a race on a user's model, on stderr: a tqdm bar over its
     work on a terminal (each finished run written above it), and in a redirected log one line
-    per finished run with the estimated time left (:class:`autoln.runs.training.TimeLeft`, as
+    per finished run with the estimated time left (:class:`autoln.engine.training.TimeLeft`, as
     ``search.py``'s lines). Nothing with ``show`` False.
 
     Args:

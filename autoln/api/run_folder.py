@@ -32,9 +32,9 @@ def check_resumable(out: Path, resume: bool, overwrite: bool, header: dict) -> O
             kind's.
         ConfigError: with ``resume``, settings that differ from the checkpoint's (named).
     """
-    from autoln.runs.checkpoint import NOT_BITWISE, resume_differences, thread_change
+    from autoln.engine.checkpoint import NOT_BITWISE, resume_differences, thread_change
     from autoln.core.errors import ConfigError
-    from autoln.runs.training import CHECKPOINT_FILE, check_out_dir
+    from autoln.engine.training import CHECKPOINT_FILE, check_out_dir
 
     if not resume:
         if (out / GENOTYPE_FILE).exists() and not overwrite:

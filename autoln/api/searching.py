@@ -59,7 +59,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     runs at each evaluation (every ``cfg.eval_every`` steps; R-DARTS' early stop with
     ``cfg.early_stop``). Then the genotype is read off per ``cfg.selection``: ``perturbation``
     (DARTS-PT, with ``cfg.selection_tune_steps`` bilevel steps between two decisions),
-    ``score`` (SPOS) or ``argmax``, measured through :func:`autoln.runs.training.evaluate_batches`
+    ``score`` (SPOS) or ``argmax``, measured through :func:`autoln.engine.training.evaluate_batches`
     on fixed ``selection_batches``.
 
     Args:
@@ -112,11 +112,11 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
         ValueError: as :class:`SearchModel`; batches that run out at once; ``tensorboard``
             or ``resume`` without ``out``.
         DivergenceError: a NaN/inf loss under ``cfg.on_divergence: stop``.
-        autoln.runs.checkpoint.Interrupted: SIGINT/SIGTERM with ``out`` (the checkpoint is written).
+        autoln.engine.checkpoint.Interrupted: SIGINT/SIGTERM with ``out`` (the checkpoint is written).
     """
     from contextlib import ExitStack
 
-    from autoln.runs.checkpoint import StopSignals, space_errors_kept
+    from autoln.engine.checkpoint import StopSignals, space_errors_kept
     from autoln.core.locks import FolderLock
 
     cfg, out = check_search(model, steps, seed, shortlist, checkpoint_every, cfg, loss_fn, on_eval, out, tensorboard, resume,
@@ -151,7 +151,7 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     from autoln.oneshot.search_loop import SearchData, SearchLoop
     from autoln.oneshot.search_pieces import Checkpointing, EvalHook, Monitor, Progress, TensorBoard, resume_loop
     from autoln.core.tb import Logger
-    from autoln.runs.training import evaluate_batches, prepare_out_dir
+    from autoln.engine.training import evaluate_batches, prepare_out_dir
 
     device = model.alphas.device
     weights = BatchStream(train_batches, "train_batches", device)

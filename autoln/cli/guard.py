@@ -110,9 +110,9 @@ def _guarded(body: Callable[[], None], say: Callable[..., None], resume: Optiona
 
 def os_error_line(exc: OSError) -> str:
     """The line for a file the system refuses: its name and the cause; for a want of space
-    (:data:`autoln.core.io.SPACE_ERRNOS`; inside a run, :func:`autoln.runs.checkpoint.space_errors_kept`
+    (:data:`autoln.core.io.SPACE_ERRNOS`; inside a run, :func:`autoln.engine.checkpoint.space_errors_kept`
     has said it already) what is kept and the command to run again once there is space."""
-    from autoln.runs.checkpoint import space_message
+    from autoln.engine.checkpoint import space_message
     from autoln.core.commands import rerun_line
     from autoln.core.io import SPACE_ERRNOS
 

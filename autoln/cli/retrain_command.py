@@ -48,7 +48,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
 
     def body() -> None:
         from autoln.config import load_config
-        from autoln.runs.training import default_out_dir
+        from autoln.engine.training import default_out_dir
 
         cfg = load_config(args.config, args.overrides)
         _say_if_busy()
@@ -97,7 +97,7 @@ def compare_time(result, cfg, runs: int) -> str:
 def _compare(cfg, args) -> None:
     """``retrain.py --compare``: run the comparison and print its table."""
     from autoln.retrain.compare import run_compare
-    from autoln.runs.training import default_out_dir
+    from autoln.engine.training import default_out_dir
 
     baselines = [b.strip() for b in (DEFAULT_BASELINES if args.baselines is None else args.baselines).split(",") if b.strip()]
     out = Path(args.out) if args.out else default_out_dir("compare")

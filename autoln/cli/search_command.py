@@ -39,7 +39,7 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
     def body() -> None:
         from autoln.config import load_config
         from autoln.oneshot.run_search import run_search
-        from autoln.runs.training import default_out_dir
+        from autoln.engine.training import default_out_dir
 
         from autoln.core import distributed
 
@@ -180,7 +180,7 @@ def _print_sites(g, folder: Path, scale: float = 1.0, unit: str = "nats/token") 
 def _seeds(cfg, args) -> None:
     """``search.py --seeds N``: run the seeds, print the vote table and the consensus."""
     from autoln.oneshot.consensus import VOTES_FILE, run_seeds
-    from autoln.runs.training import default_out_dir
+    from autoln.engine.training import default_out_dir
 
     out = Path(args.out) if args.out else default_out_dir("seeds")
     consensus, path = run_seeds(cfg, args.seeds, out, args.workers, args.overwrite)

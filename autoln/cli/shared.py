@@ -11,7 +11,7 @@ def _shared_out(out, device_name: str):
     """The run folder, rank 0's under ``torchrun`` (a default folder is named by the time,
     which may differ between processes); joins the process group first."""
     from autoln.core import distributed
-    from autoln.runs.training import resolve_device
+    from autoln.engine.training import resolve_device
 
     if distributed.launched():
         distributed.init(resolve_device(device_name))

@@ -94,8 +94,8 @@ def with_defaults(recorded: dict) -> dict:
 
 #: Keys that say only where and how fast a run goes, not what it computes: the device, the
 #: compiler, the mixed precision and the token cache's folder. A checkpoint is portable between
-#: a GPU and a CPU, so ``--resume`` lets these change (:func:`autoln.runs.checkpoint.resume_differences`),
-#: and a finished retrain made on another device stands for this one (:mod:`autoln.runs.folders`).
+#: a GPU and a CPU, so ``--resume`` lets these change (:func:`autoln.engine.checkpoint.resume_differences`),
+#: and a finished retrain made on another device stands for this one (:mod:`autoln.engine.folders`).
 PLACE_KEYS = ("data.cache_dir", "search.device", "search.compile", "search.precision",
               "retrain.device", "retrain.compile", "retrain.precision")
 

@@ -167,7 +167,7 @@ class TrainConfig:
 
     ``steps``: optimizer steps. ``lr``: peak learning rate, reached after ``warmup_steps`` of
     linear warm-up (0: none), then ``schedule``: ``cosine`` decay to ``lr * min_lr_ratio``,
-    ``inverse_sqrt`` (Vaswani et al. 2017) or ``constant`` (:func:`autoln.runs.training.lr_factor`). ``grad_clip``: max global
+    ``inverse_sqrt`` (Vaswani et al. 2017) or ``constant`` (:func:`autoln.engine.training.lr_factor`). ``grad_clip``: max global
     gradient norm (0 disables). ``eval_every``: steps between validation evaluations, each on
     ``eval_windows`` fixed windows of the valid split. ``device``: ``auto`` (CUDA when
     available), ``cpu`` or ``cuda``. ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 on

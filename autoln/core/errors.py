@@ -30,7 +30,7 @@ class WriteError(OutputError):
     """A file could not be written for want of space: a full disk (``ENOSPC``), a file-size
     limit (``EFBIG``, ``ulimit -f``) or a quota (``EDQUOT``). The message names the file and
     the cause, what is kept (the previous checkpoint: writes are atomic) and the command that
-    continues once there is space (:func:`autoln.runs.checkpoint.space_errors_kept`)."""
+    continues once there is space (:func:`autoln.engine.checkpoint.space_errors_kept`)."""
 
 
 class FolderInUse(OutputError):

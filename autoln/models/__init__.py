@@ -9,5 +9,5 @@
 - :mod:`~autoln.models.resources`: a model's memory estimate, checked before a run builds it.
 
 Built on :mod:`autoln.space`, :mod:`autoln.config` and :mod:`autoln.core`; trained by
-:mod:`autoln.runs`, searched by :mod:`autoln.oneshot`, retrained by :mod:`autoln.retrain`.
+:mod:`autoln.engine`, searched by :mod:`autoln.oneshot`, retrained by :mod:`autoln.retrain`.
 """

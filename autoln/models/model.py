@@ -193,7 +193,7 @@ class TransformerLM(nn.Module):
         if cfg.output_bias == "unigram":  # added after construction: draws no random numbers, so the
             self.lm_head.bias = nn.Parameter(torch.zeros(vocab_size))  # other weights match output_bias: none
         #: dtype of the forward pass' autocast (``torch.bfloat16`` on CUDA by default; set by
-        #: :func:`autoln.runs.training.prepare_model`), None for plain fp32.
+        #: :func:`autoln.engine.training.prepare_model`), None for plain fp32.
         self.autocast_dtype: Optional[torch.dtype] = None
         self._init_weights()
 

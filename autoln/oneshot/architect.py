@@ -41,7 +41,7 @@ from autoln.config import SearchConfig
 from autoln.space.mixing import Noise, beta_regulariser, linear, zero_one_loss
 from autoln.models.model import full_precision
 from autoln.models.supernet import Supernet
-from autoln.runs.training import finish_step, on_cuda
+from autoln.engine.training import finish_step, on_cuda
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

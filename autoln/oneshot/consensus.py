@@ -32,7 +32,7 @@ from autoln.models.genotype import Genotype, bounded_provenance, nest_sites, sit
 from autoln.core.io import write_text_atomic
 from autoln.core.locks import FolderLock
 from autoln.models.supernet import site_names
-from autoln.runs.training import CHECKPOINT_FILE, check_out_dir, prepare_out_dir, utc_now
+from autoln.engine.training import CHECKPOINT_FILE, check_out_dir, prepare_out_dir, utc_now
 
 GENOTYPE_FILE = "genotype.json"
 VOTES_FILE = "votes.md"
@@ -146,7 +146,7 @@ def check_same_search(folder: Path, cfg: Config) -> None:
     Raises:
         ConfigError: naming each differing key, and the way out (``--overwrite`` or another ``--out``).
     """
-    from autoln.runs.folders import differences
+    from autoln.engine.folders import differences
 
     def relevant(d: dict) -> dict:
         out = {k: dict(v) for k, v in d.items() if k in SEARCH_SECTIONS}
@@ -168,7 +168,7 @@ def check_same_search(folder: Path, cfg: Config) -> None:
 
 def clear_folder(out: Path) -> None:
     """With ``--overwrite``: remove a previous run from ``out`` (a run's files and event files, as
-    :func:`autoln.runs.training.prepare_out_dir`, plus ``votes.md`` and every ``seed<s>`` folder), so
+    :func:`autoln.engine.training.prepare_out_dir`, plus ``votes.md`` and every ``seed<s>`` folder), so
     the folder never mixes two runs."""
     import re
     import shutil
@@ -194,7 +194,7 @@ def _search_one(cfg: Config, out: str, resume: bool, threads: Optional[int]) -> 
 def run_seeds(cfg: Config, n_seeds: int, out: str | Path, workers: int = 1, overwrite: bool = False) -> tuple[Consensus, Path]:
     """Run ``n_seeds`` searches (seeds ``cfg.search.seed ..+n_seeds-1``) under ``out`` and write
     the consensus (module docstring). ``workers > 1`` runs that many searches at once, each in
-    its own process with an equal share of the CPU threads (:mod:`autoln.runs.workers`) and no progress bar.
+    its own process with an equal share of the CPU threads (:mod:`autoln.engine.workers`) and no progress bar.
 
     Returns ``(consensus, path of the consensus genotype.json)``.
 
@@ -239,7 +239,7 @@ def _run_seeds(cfg: Config, n_seeds: int, out: Path, workers: int, overwrite: bo
             print(f"[seeds] seed {s} -> {folder}" + (" (resuming)" if resume else ""), file=sys.stderr, flush=True)
             _search_one(seeded, str(folder), resume, None)
     else:
-        from autoln.runs.workers import run_in_processes
+        from autoln.engine.workers import run_in_processes
 
         calls = []
         for s, seeded, folder, resume in jobs:

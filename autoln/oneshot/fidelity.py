@@ -101,7 +101,7 @@ def score_genotypes(supernet, genotypes: Sequence[Placements], tokens: np.ndarra
     Raises:
         ValueError: as :func:`one_hot_mixing`; no windows.
     """
-    from autoln.runs.training import evaluate
+    from autoln.engine.training import evaluate
 
     if len(starts) == 0:
         raise ValueError("score_genotypes: no windows to score on")

@@ -20,7 +20,7 @@ import torch
 from autoln.core import distributed
 from autoln.config import Config
 from autoln.data import HEADLINE, WindowSampler, arch_split, check_lengths, estimate_text, eval_starts, load_corpus, metrics_from_loss
-from autoln.runs.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, space_errors_kept
+from autoln.engine.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, space_errors_kept
 from autoln.core.errors import ConfigError, OutputError
 from autoln.models.genotype import Genotype, from_probabilities, nest_sites
 from autoln.core.io import write_text_atomic
@@ -33,7 +33,7 @@ from autoln.oneshot.architect import weight_step  # noqa: F401 - looked up at ea
 from autoln.oneshot.selection import clear_winner, perturbation_select, score_select  # noqa: F401 - as weight_step
 from autoln.models.supernet import Supernet
 from autoln.core.tb import Logger
-from autoln.runs.training import check_out_dir, environment, evaluate, measure, prepare_model, prepare_out_dir, resolve_device, seed_everything, utc_now
+from autoln.engine.training import check_out_dir, environment, evaluate, measure, prepare_model, prepare_out_dir, resolve_device, seed_everything, utc_now
 
 GENOTYPE_FILE = "genotype.json"
 
@@ -88,10 +88,10 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
 
     Writes ``config.yaml``, TensorBoard events, ``checkpoint.pt`` (every ``checkpoint.every``
     steps, at each evaluation, and on SIGINT/SIGTERM, after which it raises
-    :class:`autoln.runs.checkpoint.Interrupted`) and ``genotype.json``. ``on_eval(step,
+    :class:`autoln.engine.checkpoint.Interrupted`) and ``genotype.json``. ``on_eval(step,
     valid_metrics)`` runs after each evaluation's checkpoint; whatever it raises ends the run
     (event files are closed first). ``resume``: continue the run in ``out`` from its checkpoint
-    (:func:`autoln.runs.checkpoint.load_for_resume`); the result is bitwise that of an
+    (:func:`autoln.engine.checkpoint.load_for_resume`); the result is bitwise that of an
     uninterrupted run on CPU. A NaN or inf loss or gradient stops the run or skips that update,
     per ``search.on_divergence``.
 
@@ -108,7 +108,7 @@ def run_search(cfg: Config, out: str | Path, overwrite: bool = False, on_eval: O
         ConfigError: ``search.batch_size`` not divisible by the number of processes; with
             ``resume``, a config that differs from the checkpoint's (naming each key).
         WriteError: a file could not be written for want of space or of file-size limit
-            (:func:`autoln.runs.checkpoint.space_errors_kept`); the previous checkpoint is kept.
+            (:func:`autoln.engine.checkpoint.space_errors_kept`); the previous checkpoint is kept.
     """
     if resume and not Path(out).is_dir():  # before the lock, which would create it
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")

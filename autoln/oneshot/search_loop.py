@@ -31,7 +31,7 @@ from autoln.core.errors import DivergenceError
 from autoln.space.mixing import linear
 from autoln.oneshot.selection import ScoreSelection, Selection, perturbation_select, score_select
 from autoln.models.supernet import SupernetMixin
-from autoln.runs.training import weight_optimizer
+from autoln.engine.training import weight_optimizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -203,7 +203,7 @@ class SearchLoop:
 
     Raises (from :meth:`run`):
         DivergenceError: a NaN/inf loss or gradient under ``on_divergence: stop``.
-        whatever a callback raises (e.g. :class:`autoln.runs.checkpoint.Interrupted`).
+        whatever a callback raises (e.g. :class:`autoln.engine.checkpoint.Interrupted`).
     """
 
     model: SupernetMixin
@@ -409,6 +409,6 @@ class SearchLoop:
             self.checkpointing.signals.when = when
 
     def stop_if_signalled(self, where: str) -> None:
-        """Stop here (raise :class:`autoln.runs.checkpoint.Interrupted`) when a stop signal came."""
+        """Stop here (raise :class:`autoln.engine.checkpoint.Interrupted`) when a stop signal came."""
         if self.checkpointing is not None:
             self.checkpointing.stop_if_signalled(where)

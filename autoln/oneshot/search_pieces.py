@@ -1,7 +1,7 @@
 """The pieces a search run gives :class:`autoln.oneshot.search_loop.SearchLoop` (its callbacks).
 
 - :class:`Checkpointing`: ``checkpoint.pt`` every ``checkpoint.every`` steps, at each
-  evaluation and on SIGINT/SIGTERM (:class:`autoln.runs.checkpoint.StopSignals`), for an exact
+  evaluation and on SIGINT/SIGTERM (:class:`autoln.engine.checkpoint.StopSignals`), for an exact
   resume (:func:`resume_loop`);
 - :class:`TensorBoard`: scalars, the alphas, the genotype and the read-off's tables
   (:class:`autoln.core.tb.Logger`), and at the end ``alphas.png`` and ``alphas_heatmap.png``;
@@ -25,11 +25,11 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from autoln.runs.checkpoint import Checkpointer, StopSignals, set_rng_state
+from autoln.engine.checkpoint import Checkpointer, StopSignals, set_rng_state
 from autoln.oneshot.monitor import DELTA, RATIO, WINDOW, CollapseMonitor
 from autoln.oneshot.search_loop import Callback, ReadOff, SearchLoop
 from autoln.core.tb import Logger, write_alpha_pictures
-from autoln.runs.training import progress_bar, progress_line
+from autoln.engine.training import progress_bar, progress_line
 
 
 def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str], chosen: Optional[list[int]] = None) -> str:
@@ -63,12 +63,12 @@ def score_markdown(scored, describe: Callable[[list[int]], str]) -> str:
 
 
 class Checkpointing(Callback):
-    """Checkpoints of a search run (and the stop signals' watch), as :mod:`autoln.runs.checkpoint`.
+    """Checkpoints of a search run (and the stop signals' watch), as :mod:`autoln.engine.checkpoint`.
 
     Args:
         out: the run folder (the file is ``out/checkpoint.pt``).
         every: ``checkpoint.every`` (0: only at evaluations and on signals).
-        signals: the run's :class:`autoln.runs.checkpoint.StopSignals`.
+        signals: the run's :class:`autoln.engine.checkpoint.StopSignals`.
         device: where the model is (under ``torchrun`` a signal on any process stops all).
         header: what every checkpoint carries besides the loop's state (``kind``, ``config``).
         write: False on processes that do not write (``torchrun`` ranks above 0).
@@ -95,7 +95,7 @@ class Checkpointing(Callback):
         self.ckpts.end_step(step, evaluation, self.signals, self.device, lambda s: self.save(loop, s))
 
     def stop_if_signalled(self, where: str) -> None:
-        """Raise :class:`autoln.runs.checkpoint.Interrupted` when a stop signal came (``where``: for
+        """Raise :class:`autoln.engine.checkpoint.Interrupted` when a stop signal came (``where``: for
         the message)."""
         self.ckpts.stop_if_signalled(self.signals, self.device, where)
 

@@ -355,7 +355,7 @@ def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int
     three finalists (the best named one, the model's own, the searched one; with no searched
     entry the two best named ones) up to ``max_seeds`` (``final_seeds`` without a searched
     entry), no final cut short. E.g. 5 searched and 5 named entries at ``(1000, eta 3, 3 rungs,
-    6 seeds at most)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 5 * 1000 = 17221``. The bound behind a race's time-left estimate (:class:`autoln.runs.training.TimeLeft`).
+    6 seeds at most)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 5 * 1000 = 17221``. The bound behind a race's time-left estimate (:class:`autoln.engine.training.TimeLeft`).
 
     Raises:
         ValueError: as :func:`rung_steps`."""

@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 
-from autoln.runs.checkpoint import CHECKPOINT_FILE, Interrupted
+from autoln.engine.checkpoint import CHECKPOINT_FILE, Interrupted
 from autoln.core.commands import resume_command, script_line
 from autoln.retrain.compare import retrain_one
 from autoln.config import Config
@@ -50,7 +50,7 @@ from autoln.core.io import read_json, save_figure_atomic, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.rule import Entry, Job, Plan, RaceRule, make_pool, most_steps, plan, rung_steps, steps_done
 from autoln.race.verdict import Verdict, verdict
-from autoln.runs.training import TimeLeft
+from autoln.engine.training import TimeLeft
 from autoln.tune import open_storage, write_hparams
 
 RACE_DIR = "race"
@@ -296,7 +296,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
 
 
 def _worker_entry(setup: RaceSetup, rank: int, threads: int) -> None:
-    """A spawned worker process (:func:`autoln.runs.workers.run_in_processes`)."""
+    """A spawned worker process (:func:`autoln.engine.workers.run_in_processes`)."""
     worker(setup, rank, threads)
 
 
@@ -375,7 +375,7 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
                       file=sys.stderr)
         describe_pool(setup)
         if workers > 1:
-            from autoln.runs.workers import run_in_processes
+            from autoln.engine.workers import run_in_processes
 
             run_in_processes(_worker_entry, [(setup, i) for i in range(workers)], workers)
         else:

@@ -7,7 +7,7 @@ given seed. A pair whose ``metrics.json`` exists is reused and one with a checkp
 from it, so an interrupted comparison resumes where it stopped; a genotype file whose
 placements equal a finished run's in the folder takes that run's numbers at that seed (the same
 retrain; its ``metrics.json`` says ``same_run_as``). ``workers > 1`` runs that many retrains at
-once, each in its own process with an equal share of the CPU threads (:mod:`autoln.runs.workers`). ``compare.json``
+once, each in its own process with an equal share of the CPU threads (:mod:`autoln.engine.workers`). ``compare.json``
 records the genotypes and settings, and a re-run with other ones is refused (``--overwrite``
 redoes everything). Outputs in ``<out>``:
 
@@ -36,8 +36,8 @@ from autoln.models.genotype import BASELINES, Genotype, is_baseline
 from autoln.core.locks import FolderLock
 from autoln.retrain.ranking import mean_std, vs_best  # noqa: F401 (mean_std re-exported for the experiments)
 from autoln.core.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
-from autoln.runs.folders import METRICS_FILE, SAME_RUN_FREE, differences, read_metrics, run_config_differences  # noqa: F401 (re-exported)
-from autoln.runs.training import check_out_dir
+from autoln.engine.folders import METRICS_FILE, SAME_RUN_FREE, differences, read_metrics, run_config_differences  # noqa: F401 (re-exported)
+from autoln.engine.training import check_out_dir
 
 TABLE = "compare.csv"
 #: The caution a one-seed comparison carries (its table and the command's output).
@@ -111,7 +111,7 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
                 overwrite: bool = False, workers: int = 1) -> list[Entry]:
     """Retrain every genotype file and baseline for ``seeds`` seeds and write the report.
     ``workers``: retrains at once (module docstring); the numbers equal one at a time's up to
-    floating-point rounding (:mod:`autoln.runs.workers`).
+    floating-point rounding (:mod:`autoln.engine.workers`).
 
     Raises:
         ConfigError: no genotype at all, ``seeds`` < 1 or ``workers`` < 1, an unknown baseline.
@@ -152,8 +152,8 @@ def retrain_one(cfg: Config, label: str, spec: str, run_dir: str, overwrite: boo
 
     Raises:
         As :func:`autoln.retrain.run_retrain.run_retrain` but DivergenceError: OutputError, DataError,
-        GenotypeError, ConfigError, WriteError, :class:`autoln.runs.checkpoint.Interrupted`."""
-    from autoln.runs.checkpoint import CHECKPOINT_FILE
+        GenotypeError, ConfigError, WriteError, :class:`autoln.engine.checkpoint.Interrupted`."""
+    from autoln.engine.checkpoint import CHECKPOINT_FILE
     from autoln.core.errors import DivergenceError
     from autoln.retrain.run_retrain import retrain_reusing, run_retrain
 
@@ -179,7 +179,7 @@ def finished_runs(out: Path) -> dict[tuple[str, str], Path]:
     """The finished runs in the comparison folder ``out``, by ``(placements, "seed<i>")``
     (placements as :meth:`autoln.models.genotype.Genotype.describe` writes them). A retrain is a
     function of its placements, seed and config (up to the order of floating-point sums, which
-    the thread count sets: :mod:`autoln.runs.workers`), so one of these whose ``config.yaml`` matches
+    the thread count sets: :mod:`autoln.engine.workers`), so one of these whose ``config.yaml`` matches
     (:func:`run_config_differences`) stands for any genotype file with the same placements."""
     found: dict[tuple[str, str], Path] = {}
     for path in sorted(out.glob("*/seed*/metrics.json")):
@@ -268,7 +268,7 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
         for key, args in jobs:
             results[key] = retrain_one(*args, None)
     else:
-        from autoln.runs.workers import run_in_processes
+        from autoln.engine.workers import run_in_processes
 
         quiet = [(dataclasses.replace(seeded, logging=dataclasses.replace(seeded.logging, progress=False)), *rest)
                  for _, (seeded, *rest) in jobs]

@@ -26,7 +26,7 @@ from autoln.config import Config
 from autoln.data import (HEADLINE, WindowSampler, check_lengths, estimate_starts, estimate_text, eval_batches, eval_starts,
                    load_corpus, metrics_from_loss)
 from autoln.models.diagnostics import SpikeCounter, logits, snapshot
-from autoln.runs.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
+from autoln.engine.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
 from autoln.core.errors import ConfigError, FolderInUse, GenotypeError, OutputError
 from autoln.models.genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
 from autoln.space.placements import placement_names
@@ -38,9 +38,9 @@ from autoln.models.supernet import site_names
 from autoln.core.tb import Logger
 from autoln.models.model import TransformerLM
 from autoln.models.resources import check_fits
-from autoln.runs.folders import METRICS_FILE, read_metrics, run_config_differences
+from autoln.engine.folders import METRICS_FILE, read_metrics, run_config_differences
 from autoln.oneshot.search_pieces import Checkpointing
-from autoln.runs.training import (check_out_dir, environment, measure, prepare_model, prepare_out_dir, progress_bar, progress_line, resolve_device,
+from autoln.engine.training import (check_out_dir, environment, measure, prepare_model, prepare_out_dir, progress_bar, progress_line, resolve_device,
                        seed_everything, train_step, utc_now, weight_optimizer, with_stderr)  # noqa: F401 - with_stderr: its old home
 
 #: Valid windows of the fixed batch on which the diagnostics are computed.
@@ -129,7 +129,7 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
 
 def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite: bool, check_out: bool = True):
     """What a run on a derived model needs before it builds the model: checks ``out``
-    (:func:`autoln.runs.training.check_out_dir`; skipped when ``check_out`` is False, for a resumed
+    (:func:`autoln.engine.training.check_out_dir`; skipped when ``check_out`` is False, for a resumed
     run), resolves the device, loads the corpus and the
     genotype, and returns ``(device, corpus, genotype, cfg)`` with ``cfg.model`` the genotype's
     dimensions (a note is printed for each ``model.*`` key of the config that differs, and when
@@ -181,7 +181,7 @@ def run_retrain(cfg: Config, genotype_spec: str, out: str | Path, overwrite: boo
         OutputError, DataError, GenotypeError, DivergenceError; ConfigError when
         ``retrain.batch_size`` is not divisible by the number of processes, or when resuming
         with a config that differs from the checkpoint's; WriteError when a file cannot be
-        written for want of space (:func:`autoln.runs.checkpoint.space_errors_kept`; the previous
+        written for want of space (:func:`autoln.engine.checkpoint.space_errors_kept`; the previous
         checkpoint is kept).
     """
     # from the start: a second Ctrl-C in set-up stops at once; the folder is this process's until it ends

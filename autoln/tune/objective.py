@@ -292,15 +292,15 @@ def earlier_search(folder: Path, cfg: Config) -> Optional[str]:
     """What the search folder ``folder`` of a trial holds from before the trial (a lost study's):
     ``"finished"`` (a genotype searched with ``cfg``'s data, model and search sections,
     :func:`autoln.oneshot.consensus.check_same_search`), ``"checkpoint"`` (a checkpoint of a search whose
-    ``config.yaml`` ``--resume`` accepts with ``cfg``, :func:`autoln.runs.checkpoint.resume_differences`),
+    ``config.yaml`` ``--resume`` accepts with ``cfg``, :func:`autoln.engine.checkpoint.resume_differences`),
     ``"other"`` (either, made otherwise, or unreadable) or None (neither: nothing to keep)."""
     import torch
 
-    from autoln.runs.checkpoint import moved_corpus, resume_differences
+    from autoln.engine.checkpoint import moved_corpus, resume_differences
     from autoln.config import with_defaults
     from autoln.oneshot.consensus import check_same_search
     from autoln.oneshot.run_search import GENOTYPE_FILE
-    from autoln.runs.training import CHECKPOINT_FILE
+    from autoln.engine.training import CHECKPOINT_FILE
 
     if (folder / GENOTYPE_FILE).exists():
         try:

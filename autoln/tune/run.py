@@ -34,7 +34,7 @@ def trial_folders(out: Path) -> tuple[list[int], list[int]]:
     """The trials under ``out/trials`` whose search finished (``genotype.json``) and those whose
     search stopped with a checkpoint."""
     from autoln.oneshot.run_search import GENOTYPE_FILE
-    from autoln.runs.training import CHECKPOINT_FILE
+    from autoln.engine.training import CHECKPOINT_FILE
 
     finished, stopped = [], []
     for folder in sorted((out / TRIALS_DIR).glob("[0-9][0-9][0-9][0-9]")):
@@ -103,7 +103,7 @@ def check_tune_dir(out: Path, overwrite: bool = False) -> None:
     Raises:
         OutputError: naming ``--out`` and what is wrong.
     """
-    from autoln.runs.training import FINISHED_MARKERS, check_out_dir
+    from autoln.engine.training import FINISHED_MARKERS, check_out_dir
 
     single = [m for m in FINISHED_MARKERS if (out / m).exists()]
     if single and not overwrite:
@@ -121,7 +121,7 @@ def preflight(cfg: Config) -> None:
     """
     from autoln.data import check_lengths, load_corpus
     from autoln.oneshot.run_search import check_searchable
-    from autoln.runs.training import resolve_device
+    from autoln.engine.training import resolve_device
 
     check_searchable(cfg.model)
     resolve_device(cfg.search.device)

@@ -18,7 +18,7 @@ from autoln.core.commands import resume_command
 from autoln.config import Config
 from autoln.core.errors import AutolnError, ConfigError
 from autoln.core.locks import check_held
-from autoln.runs.workers import threads_per_worker
+from autoln.engine.workers import threads_per_worker
 from autoln.tune.objective import Objective
 from autoln.tune.storage import StorageFull, StorageGone, open_study, retry_callback
 from autoln.tune.study import _optuna, census

@@ -47,7 +47,7 @@ from unittest import mock
 import numpy as np
 
 import autoln.oneshot.run_search as rs
-from autoln.runs.checkpoint import CHECKPOINT_FILE
+from autoln.engine.checkpoint import CHECKPOINT_FILE
 from autoln.cli import guarded
 from autoln.config import load_config
 from autoln.core.io import copy_atomic, read_json, write_json_atomic

@@ -90,7 +90,7 @@ def trained_supernet(search_dir: Path):
         FileNotFoundError: no checkpoint in ``search_dir``."""
     import torch
 
-    from autoln.runs.checkpoint import CHECKPOINT_FILE
+    from autoln.engine.checkpoint import CHECKPOINT_FILE
     from autoln.config import load_config
     from autoln.data import load_corpus
     from autoln.models.supernet import Supernet

@@ -55,7 +55,7 @@ def run_in_processes(fn: Callable[..., Any], calls: Sequence[tuple], workers: in
         Whatever a call raises, as soon as it does: no further call starts (each process is
         handed one call at a time, none is queued ahead), the running ones are waited for (each
         ends at its own pace), then the exception is raised.
-        :class:`autoln.runs.checkpoint.Interrupted` on SIGINT or SIGTERM, after sending it on to the
+        :class:`autoln.engine.checkpoint.Interrupted` on SIGINT or SIGTERM, after sending it on to the
         running calls (they stop at their next step with a checkpoint) and waiting for them.
         ``concurrent.futures.process.BrokenProcessPool`` when a worker process died (killed by
         a signal or the out-of-memory killer).
@@ -118,7 +118,7 @@ def _forward(signum, frame) -> None:
     if _stopping:
         return
     _stopping.append(signum)
-    from autoln.runs.checkpoint import Interrupted
+    from autoln.engine.checkpoint import Interrupted
     from autoln.core.commands import resume_command
 
     name = signal.Signals(signum).name
@@ -128,7 +128,7 @@ def _forward(signum, frame) -> None:
 
 def _worker_start() -> None:
     """Initializer of a worker process: a process group of its own (signals come from the command,
-    :func:`_forward`), and until a run installs its own handlers (:class:`autoln.runs.checkpoint.StopSignals`)
+    :func:`_forward`), and until a run installs its own handlers (:class:`autoln.engine.checkpoint.StopSignals`)
     a signal ends it quietly, without a traceback from the middle of an import."""
     os.setpgrp()
     for sig in STOP_SIGNALS:

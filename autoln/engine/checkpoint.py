@@ -31,7 +31,7 @@ from autoln.core.errors import ConfigError, OutputError, cut
 from autoln.core.commands import again_command, resume_command
 from autoln.core.io import remove_stale_temps, save_torch_atomic
 from autoln.core.errors import DivergenceError
-from autoln.runs.training import CHECKPOINT_FILE
+from autoln.engine.training import CHECKPOINT_FILE
 
 #: Config sections that may differ on ``--resume`` (they do not change what is computed).
 RESUME_FREE = ("logging", "checkpoint")
