@@ -9,7 +9,11 @@ one after the other, so a machine whose load changes between them shifts that ra
 alone. A second ratio divides the command's wall time by the mean time of the race's own
 full-budget retrains (default retrains of the same run, under its load).
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_default_cost.py [--out runs/bench-cost] [--set KEY=VALUE ...]
+With ``--set race.horizons=[1,4]`` the longer retrains (run after the final, only when the
+searched finalist led) are timed apart, so one run gives the cost of both ``[1]`` (the same run
+less them) and ``[1, 4]``.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_default_cost.py [--out runs/bench-cost] [--set race.horizons=[1,4]] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def main(argv=None) -> int:
     search_s = genotype["provenance"]["metrics"]["wall_time_s"]
     finals = [j["wall_time_s"] for j in race["jobs"] if j["steps"] == race["full_steps"] and j.get("wall_time_s")]
     inside = sum(finals) / len(finals) if finals else float("nan")
+    longer = [j for j in race["jobs"] if j["steps"] > race["full_steps"]]  # race.horizons beyond 1: after the final
+    longer_s = sum(j.get("wall_time_s") or 0.0 for j in longer)
     print(f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}\n"
           f"one default retrain (all-pre, 1000 steps): {retrain_s:.0f} s\n"
           f"python search.py (search + race): {total_s:.0f} s = {total_s / retrain_s:.2f} default retrains\n"
@@ -65,6 +71,9 @@ def main(argv=None) -> int:
           f"{total_s / inside:.2f} default retrains\n"
           f"  the search's steps: {search_s:.0f} s; the race's {len(race['jobs'])} retrains: {race['wall_time_s']:.0f} s of "
           f"training; rungs {[(r['steps'], len(r['entries'])) for r in race['rungs']]}\n"
+          f"  race.horizons {race['settings'].get('horizons', [1])}: {len(longer)} longer retrains, {longer_s:.0f} s of training"
+          f" = {longer_s / inside:.2f} default retrains; without them (race.horizons=[1], the rest identical): "
+          f"{(total_s - longer_s) / inside:.2f} default retrains\n"
           f"  verdict: {race['verdict']['line']}")
     return 0
 

@@ -21,7 +21,8 @@ from autoln import cli
 from autoln.race import run_race
 from autoln.config import load_config
 from autoln.models.genotype import Genotype
-from autoln.race.rule import Entry, RaceRule, finalists_of, make_pool, plan, rung_steps, run
+from autoln.race.rule import Entry, RaceRule, finalists_of, make_pool, rung_steps
+from autoln.race.schedule import plan, run
 from autoln.race.verdict import paired_p, verdict
 from autoln.oneshot.run_search import run_search
 
@@ -334,7 +335,7 @@ def test_horizons_retrain_the_finalists_longer_and_say_whether_the_lead_lasts():
     behind[("top1", 1000, 0)] = 2.40  # behind at seed 0: nothing to last, no horizon retrain
     p, values = run(POOL, 1000, rule, lambda job: behind[job.key])
     assert p.done and not any(k[1] == 4000 for k in values)
-    from autoln.race.rule import most_steps
+    from autoln.race.schedule import most_steps
 
     assert most_steps(POOL, 1000, rule) - most_steps(POOL, 1000, R2) == 2 * 3 * 4000
     with pytest.raises(ValueError, match="horizons"):
@@ -511,7 +512,7 @@ def test_most_steps_is_the_work_of_a_race_whose_searched_finalist_leads_at_every
     """The bound behind the race's time left: 5 searched and 5 named entries at (1000, eta 3,
     3 rungs) take 5 * 111 + 2 * 333 + 6 * 1000 + 3 * 2 * 1000 steps when no final stops early,
     and fewer when the searched finalist is behind at seed 0."""
-    from autoln.race.rule import most_steps, steps_done
+    from autoln.race.schedule import most_steps, steps_done
 
     entries = [Entry(f"s{i}", f"s{i}", "searched") for i in range(5)] + [Entry("all-pre", "p", "named", True)] \
         + [Entry(f"n{i}", f"n{i}", "named") for i in range(4)]

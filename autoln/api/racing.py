@@ -104,7 +104,10 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
             :class:`autoln.SiteGenotype`. Default ``pre`` (GPT-2, nanoGPT, Llama).
         baselines: names of :func:`named_site_genotypes` to race (default all of them).
         seed: the first seed.
-        rule: an :class:`autoln.race.rule.RaceRule` (default eta 3, 3 rungs, 3 final seeds, level 0.05).
+        rule: an :class:`autoln.race.rule.RaceRule` (default eta 3, 3 rungs, 3 to 6 final seeds, level
+            0.05; ``proposer``: proposal rounds after the shortlist's, :mod:`autoln.race.schedule`,
+            the prior ``searched``'s probabilities; ``random``: random genotypes instead of the
+            shortlist).
         values: measurements already made (``(entry, steps, seed index)`` -> value), reused and
             filled in: a race continued after an interruption, or replayed.
         on_result: ``fn(job, value)`` after each retrain (e.g. to keep it in a table).
@@ -129,25 +132,22 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         autoln.core.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict.verdict`).
     """
     from autoln.race import rule as R
+    from autoln.race import schedule as S
     from autoln.race import verdict as V
 
     where = "autoln.race_genotypes"
     rule, baselines = check_race(build, train, evaluate, steps, on_result, rule, values, baselines)
     if not isinstance(searched, Mapping):
         searched = as_site_genotype(searched, f"{where}: searched")
-    own_name, genotypes, pool_g = race_genotype_pool(build, searched, own, baselines, seed)
+    own_name, genotypes, pool_g, proposer = race_genotype_pool(build, searched, own, baselines, seed, rule)
     check_before_training(build, genotypes, evaluate, where)
     named = {k: g for k, g in genotypes.items() if k != own_name and k not in pool_g}
     entries, aliases = R.make_pool([(n, g.describe()) for n, g in pool_g.items()], [(n, g.describe()) for n, g in named.items()],
                                    own=(own_name, genotypes[own_name].describe()))
     if progress:
-        if not pool_g:
-            print(f"{where}: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
-        print(f"{where}: pool {', '.join(e.name for e in entries)}"
-              + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
-              + f"; rungs at {R.rung_steps(steps, rule)} steps", file=sys.stderr, flush=True)
-    shown = RunProgress(where, progress, R.most_steps(entries, steps, rule), "step", bound=True)
-    shown.done = R.steps_done(values or {})
+        print_pool(where, entries, aliases, steps, rule, not pool_g and proposer is None)
+    shown = RunProgress(where, progress, S.most_steps(entries, steps, rule), "step", bound=True)
+    shown.done = S.steps_done(values or {})
 
     def measure(job) -> float:
         torch.manual_seed(seed + job.seed)
@@ -161,13 +161,14 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
 
     shown.bar.time_left.start = shown.done
     shown.bar.update(shown.done)
-    plan, values = R.run(entries, steps, rule, measure, values)
+    plan, values = run_entering(entries, steps, rule, measure, values, proposer, genotypes, genotypes[own_name])
     shown.close()
     v = V.verdict(plan.finalists, values, steps, rule, unit)
-    record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "pool": [vars(e) for e in entries], "aliases": aliases,
-              "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
+    record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "aliases": aliases,
+              "pool": [vars(e) | {"origin": R.origin(e)} for e in entries + plan.proposed], "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
                                             for k, val in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))],
-              "verdict": {"answer": v.answer.name, "outcome": v.outcome, "line": v.line, "p_value": v.p_value, "values": v.values}}
+              "verdict": {"answer": v.answer.name, "outcome": v.outcome, "line": v.line, "p_value": v.p_value, "values": v.values,
+                          "origin": R.origin(v.answer)}}
     chosen = genotypes[v.answer.name]
     answer = SiteGenotype(chosen.candidates, dict(chosen.sites), dict(chosen.probabilities),
                           {**chosen.provenance, "race": record["verdict"] | {"rule": record["rule"]}})
@@ -204,9 +205,55 @@ def check_race(build, train, evaluate, steps, on_result, rule, values, baselines
     return rule or R.RaceRule(), baselines
 
 
-def race_genotype_pool(build, searched, own, baselines, seed: int) -> tuple[str, dict[str, SiteGenotype], dict[str, SiteGenotype]]:
+def print_pool(where: str, entries, aliases: dict, steps: int, rule, no_searched: bool) -> None:
+    """The race's pool, aliases and rungs in one line on stderr (a note first when ``no_searched``)."""
+    from autoln.race import rule as R
+
+    if no_searched:
+        print(f"{where}: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
+    print(f"{where}: pool {', '.join(e.name for e in entries)}"
+          + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
+          + f"; rungs at {R.rung_steps(steps, rule)} steps" + ("" if rule.proposer == "none" else f"; then {rule.proposer}'s rounds"),
+          file=sys.stderr, flush=True)
+
+
+def run_entering(entries, steps: int, rule, measure, values: Optional[dict], proposer, genotypes: dict, like: SiteGenotype):
+    """:func:`autoln.race.schedule.run`, each proposed entry's genotype (the sites of ``like``)
+    put into ``genotypes`` as it enters. Returns the final plan and the values."""
+    from autoln.race import rule as R
+    from autoln.race import schedule as S
+
+    values = {} if values is None else values
+    while True:
+        plan = S.plan(entries, values, steps, rule, proposer)
+        for e in plan.proposed:
+            if e.name not in genotypes:
+                genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.split())), {},
+                                                 {"race_entry": e.name, "origin": R.origin(e)})
+        if plan.done:
+            return plan, values
+        for job in plan.pending:
+            values[job.key] = float(measure(job))
+
+
+def race_proposer(rule, own: SiteGenotype, searched: Optional[SiteGenotype], seed: int):
+    """The proposer of ``rule.proposer`` over the sites and candidates of ``own`` (every race
+    genotype has the same), the prior ``searched``'s final probabilities when it has them for
+    every site (:mod:`autoln.race.propose`); None for ``none``."""
+    from autoln.race.propose import Space, make_proposer
+
+    if rule.proposer == "none":
+        return None
+    prior = None
+    if searched is not None and set(searched.probabilities) >= set(own.sites):
+        prior = [list(searched.probabilities[k]) for k in own.sites]
+    return make_proposer(rule.proposer, Space(tuple(own.candidates), len(own.sites), prior), seed)
+
+
+def race_genotype_pool(build, searched, own, baselines, seed: int, rule) -> tuple[str, dict[str, SiteGenotype], dict[str, SiteGenotype], Any]:
     """The genotypes of :func:`race_genotypes`: ``(own's name, {name: genotype} with own first,
-    then the named placements, then the searched ones, the searched ones)``.
+    then the named placements, then the searched ones, the searched ones, the proposer)``
+    (:func:`race_proposer`; with ``random``, no searched genotype enters).
 
     Raises:
         ValueError: an unknown baseline, an ``own`` that is not a candidate nor a genotype."""
@@ -231,4 +278,7 @@ def race_genotype_pool(build, searched, own, baselines, seed: int) -> tuple[str,
     pool_g = searched_site_genotypes(searched) if isinstance(searched, SiteGenotype) else \
         {name: as_site_genotype(g, f"{where}: searched[{name!r}]") for name, g in searched.items()}
     named.pop(own_name, None)
-    return own_name, {own_name: own_g, **named, **pool_g}, pool_g
+    proposer = race_proposer(rule, own_g, searched if isinstance(searched, SiteGenotype) else None, seed)
+    if rule.proposer == "random":  # random search through the same race: no searched entry
+        pool_g = {}
+    return own_name, {own_name: own_g, **named, **pool_g}, pool_g, proposer

@@ -120,6 +120,11 @@ class RaceConfig:
     (``spending``: the alpha-spending function, :mod:`autoln.race.sequential`). ``horizons``:
     multiples of ``retrain.steps`` at which the two finalists are also retrained (``final_seeds``
     seeds each) when the searched one led, so the verdict says whether the lead lasts.
+    ``proposer`` (``none``, ``random``, ``prior``, ``local``, ``ridge``, ``tpe``, ``gp``:
+    :mod:`autoln.race.propose`): after the shortlist's rungs, rounds of ``proposals`` genotypes
+    the proposer picks from every retrain measured so far run the same rungs, while the searched
+    entries' retrains stay within ``budget`` full-budget retrains (``random``: random genotypes
+    from the first round, no supernet entry: random search through the same race).
     ``enabled: false`` gives the supernet's answer alone (no retrain). The race's study lives on
     ``tune.storage`` (or a journal file in ``<search folder>/race``)."""
 
@@ -132,9 +137,14 @@ class RaceConfig:
     max_seeds: int = 6
     spending: str = "obrien-fleming"
     horizons: list[int] = field(default_factory=lambda: [1])
+    proposer: str = "none"
+    budget: float = 7.0
+    proposals: int = 5
 
     def validate(self) -> None:
-        _non_negative(self, "race", ("top_k",))
+        _non_negative(self, "race", ("top_k", "budget"))
+        _positive("race.proposals", self.proposals)
+        _one_of("race.proposer", self.proposer, ("none", "random", "prior", "local", "ridge", "tpe", "gp"))
         _positive("race.rungs", self.rungs)
         if self.eta < 2:
             raise ConfigError(f"race.eta must be at least 2 (each rung keeps 1/eta of its entries), got {self.eta}")

@@ -1,9 +1,10 @@
 """The race: the supernet shortlists, real retrains decide (docs/design.md §10).
 
-The rule, and only the rule, lives here: pure functions of the measurements so far, shared by
-``search.py``'s race (run through an Optuna study, :mod:`autoln.race.run_race`), the API's
-(:func:`autoln.race_genotypes`) and the replay of a race from a table of retrains
-(``experiments/race/race_replay.py``). Lower values are better throughout (a valid loss, bits per byte).
+The rule, and only the rule, lives here and in :mod:`autoln.race.schedule` (what runs next):
+pure functions of the measurements so far, shared by ``search.py``'s race (run through an
+Optuna study, :mod:`autoln.race.run_race`), the API's (:func:`autoln.race_genotypes`) and the
+replay of a race from a table of retrains (``experiments/race/race_replay.py``). Lower values
+are better throughout (a valid loss, bits per byte).
 
 - **Pool.** Entries, each a genotype (its placements, the identity: a genotype is entered once)
   of kind ``searched`` (the supernet's read-off, its argmax, its top ``k`` by one-hot score) or
@@ -39,12 +40,14 @@ trial cannot be suspended and resumed (the reason Optuna's own ``SuccessiveHalvi
 the asynchronous ASHA, whose promotions depend on the order in which trials report).
 Synchronous halving needs every entry of a rung measured before any is promoted, so the race's
 trials are its retrains (one trial per entry, rung and seed, enqueued when the rung before is
-complete) and :func:`plan` decides from their values.
+complete) and :func:`autoln.race.schedule.plan` decides from their values. Proposal rounds
+(``proposer``) are :mod:`autoln.race.schedule`'s.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
@@ -52,6 +55,10 @@ from typing import Callable, Mapping, Optional, Sequence
 from autoln.race.sequential import SPENDING, Design, decide
 
 KINDS = ("searched", "named")
+
+#: The proposers ``RaceRule.proposer`` names (:data:`autoln.race.propose.PROPOSERS` holds them;
+#: ``none``: the supernet's shortlist alone, no proposal rounds).
+PROPOSER_NAMES = ("none", "random", "prior", "local", "ridge", "tpe", "gp")
 
 #: The rule's revision, recorded with every race of the experiments' tables (``races.csv``,
 #: ``own_model_race.csv``) so that a race is rerun, not reused, when the rule changes: ``r1``
@@ -69,12 +76,18 @@ class RaceRule:
     ``spending`` (the alpha-spending function: ``obrien-fleming`` or ``pocock``;
     :mod:`autoln.race.sequential`) and ``horizons`` (multiples of the full budget at which the
     two finalists are also retrained, ``final_seeds`` seeds each, when the searched one led on
-    the mean: does the lead last? ``(1,)``: not at all).
+    the mean: does the lead last? ``(1,)``: not at all). ``proposer`` (one of
+    :data:`PROPOSER_NAMES`), ``budget`` and ``proposals``: after the searched entries' rungs,
+    rounds of ``proposals`` genotypes chosen by the proposer from every retrain measured so far
+    (:mod:`autoln.race.propose`) run the same rungs, while the searched entries' retrain steps,
+    every round together, stay within ``budget`` full-budget retrains (BOHB's model-based
+    successive halving, Falkner et al. 2018; :mod:`autoln.race.schedule`).
 
     Raises:
         ValueError: ``eta`` < 2, ``rungs`` < 1, ``final_seeds`` < 2, ``max_seeds`` below
-            ``final_seeds``, ``level`` outside (0, 0.5), an unknown ``spending``, or ``horizons``
-            not increasing integers from 1."""
+            ``final_seeds``, ``level`` outside (0, 0.5), an unknown ``spending``, ``horizons``
+            not increasing integers from 1, an unknown ``proposer``, a negative ``budget`` or
+            ``proposals`` below 1."""
 
     eta: int = 3
     rungs: int = 3
@@ -83,8 +96,14 @@ class RaceRule:
     max_seeds: int = 6
     spending: str = "obrien-fleming"
     horizons: tuple[int, ...] = (1,)
+    proposer: str = "none"
+    budget: float = 7.0
+    proposals: int = 5
 
     def __post_init__(self) -> None:
+        if self.proposer not in PROPOSER_NAMES or not self.budget >= 0 or self.proposals < 1:
+            raise ValueError(f"race rule: proposer must be one of {list(PROPOSER_NAMES)}, budget >= 0 (full-budget retrains) and "
+                             f"proposals >= 1; got proposer {self.proposer!r}, budget {self.budget}, proposals {self.proposals}")
         object.__setattr__(self, "horizons", tuple(self.horizons))
         if not self.horizons or self.horizons[0] != 1 or any(not isinstance(k, int) or b <= a
                                                              for a, b, k in zip(self.horizons, self.horizons[1:], self.horizons[1:])):
@@ -110,7 +129,11 @@ class RaceRule:
                 f"can no longer reach a boundary, and the named placement is then the answer"
                 + ("" if len(self.horizons) == 1 else
                    f"; when the searched finalist led on the mean, both finalists are retrained at "
-                   f"{', '.join(f'{k}x' for k in self.horizons[1:])} the budget ({self.final_seeds} seeds) to see whether the lead lasts"))
+                   f"{', '.join(f'{k}x' for k in self.horizons[1:])} the budget ({self.final_seeds} seeds) to see whether the lead lasts")
+                + ("" if self.proposer == "none" else
+                   f"; {'random genotypes' if self.proposer == 'random' else 'the shortlist, then genotypes proposed by ' + self.proposer} "
+                   f"enter in rounds of {self.proposals} while the searched entries' retrains stay within {self.budget:g} "
+                   f"full-budget retrains"))
 
 
 @dataclass(frozen=True)
@@ -128,6 +151,25 @@ class Entry:
     def named(self) -> bool:
         """True for a named placement (the model's own included)."""
         return self.kind == "named"
+
+
+def origin(entry: Entry) -> str:
+    """Where ``entry`` came from, in words: ``named`` (``own`` for the model's own placement),
+    ``the supernet's read-off``, ``the supernet's argmax``, ``the supernet's shortlist`` (``topK``),
+    ``proposed by P at round R`` (an entry :mod:`autoln.race.schedule` named ``P<R>-<i>``), else
+    ``given`` (an API user's own name)."""
+
+    if entry.named:
+        return "own" if entry.own else "named"
+    fixed = {"read-off": "the supernet's read-off", "argmax": "the supernet's argmax"}
+    if entry.name in fixed:
+        return fixed[entry.name]
+    if re.fullmatch(r"top\d+", entry.name):
+        return "the supernet's shortlist"
+    m = re.fullmatch(r"([a-z]+)(\d+)-\d+", entry.name)
+    if m and m.group(1) in PROPOSER_NAMES:
+        return f"proposed by {m.group(1)} at round {m.group(2)}"
+    return "given"
 
 
 def make_pool(searched: Sequence[tuple[str, str]], named: Sequence[tuple[str, str]],
@@ -208,20 +250,6 @@ def finalists_of(searched: Sequence[Entry], named: Sequence[Entry], at: Mapping[
     return [e for e in named if e.name in keep] + list(searched)
 
 
-@dataclass
-class Plan:
-    """Where the race stands: ``pending`` (the jobs to run next, none measured), ``rungs`` (per
-    rung reached: its steps, the entries run there, the survivors, and ``seeds``), ``done`` and,
-    when done, the ``finalists`` and ``seeds`` (the final rung's seeds measured: ``final_seeds``,
-    or fewer when the final stopped early: :func:`hopeless`)."""
-
-    pending: list[Job]
-    rungs: list[dict] = field(default_factory=list)
-    done: bool = False
-    finalists: list[Entry] = field(default_factory=list)
-    seeds: int = 0
-
-
 def final_pair(finalists: Sequence[Entry], values: Values, full_steps: int, seeds: int) -> Optional[tuple[Entry, Entry]]:
     """``(best searched, best named)`` finalist by the mean over the first ``seeds`` seeds (ties
     by pool order), or None without a finalist of each kind.
@@ -281,127 +309,9 @@ def final_state(finalists: Sequence[Entry], values: Values, full_steps: int, rul
     return decide(diffs, rule.design)
 
 
-def plan(entries: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule) -> Plan:
-    """What the race runs next, from the measurements so far (``values``: ``Job.key`` ->
-    value): deterministic, so a resumed race and every worker on one storage agree.
-
-    The short rungs run the surviving *searched* entries (seed 0) and keep the best
-    ``ceil(n / eta)`` of them, the last short rung the best one: they prune the supernet's
-    speculative shortlist. Beside them every named placement runs at ``full_steps`` (seed 0):
-    no short rung judges a named placement by how fast it starts (short-horizon bias, Wu et al.
-    2018; nanoGPT's ``all-outnorm``, docs/race.md). The pending jobs are the named rung's and the
-    searched rung's together (independent: workers run them side by side), and once the short
-    rungs are done, the searched survivor's seed 0 at ``full_steps`` with them. Then the final
-    (:func:`finalists_of`) at ``full_steps``, seed by seed, until :func:`final_state` says it
-    has ended (at most ``max_seeds`` seeds). When three or fewer entries make the pool, it goes
-    to the final at once."""
-    steps = rung_steps(full_steps, rule)
-    history: list[dict] = []
-    if len(entries) <= 3 or len(steps) == 1:
-        finalists = list(entries)
-    else:
-        alive = [e for e in entries if not e.named]
-        named = [e for e in entries if e.named]
-        pending: list[Job] = []
-        short = steps[:-1]
-        for k, s in enumerate(short):
-            if len(alive) <= 1:
-                break
-            history.append({"steps": s, "entries": [e.name for e in alive]})
-            pending = [Job(e.name, s, 0) for e in alive if (e.name, s, 0) not in values]
-            if pending:
-                break
-            keep = 1 if k == len(short) - 1 else math.ceil(len(alive) / rule.eta)
-            kept = {e.name for e in ranked(alive, {e.name: values[(e.name, s, 0)] for e in alive})[:keep]}
-            alive = [e for e in alive if e.name in kept]
-            history[-1]["survivors"] = [e.name for e in alive]
-        if not pending and alive and (alive[0].name, full_steps, 0) not in values:
-            pending = [Job(alive[0].name, full_steps, 0)]  # the searched finalist's seed 0 needs no named value: run it now
-        if named:
-            history.append({"steps": full_steps, "entries": [e.name for e in named], "seeds": 1, "named": True})
-            pending = [Job(e.name, full_steps, 0) for e in named if (e.name, full_steps, 0) not in values] + pending
-        if pending:
-            return Plan(pending, history)
-        finalists = finalists_of(alive, named, {e.name: values[(e.name, full_steps, 0)] for e in named})
-        if named:
-            history[-1]["survivors"] = [e.name for e in finalists if e.named]
-    history.append({"steps": full_steps, "entries": [e.name for e in finalists], "seeds": rule.max_seeds})
-    for i in range(rule.max_seeds):  # seed by seed, until the sequential final ends
-        missing = [Job(e.name, full_steps, i) for e in finalists if (e.name, full_steps, i) not in values]
-        if missing:
-            return Plan(missing, history)
-        if final_state(finalists, values, full_steps, rule, i + 1) != "go on":
-            history[-1]["seeds"] = i + 1
-            return _horizons(finalists, values, full_steps, rule, history, i + 1)
-    return _horizons(finalists, values, full_steps, rule, history, rule.max_seeds)
-
-
-def _horizons(finalists: list[Entry], values: Values, full_steps: int, rule: RaceRule, history: list[dict], seeds: int) -> Plan:
-    """The plan once the final ran ``seeds`` seeds: the :func:`horizon_jobs` not yet measured
-    pending, else done (each horizon a rung of the history)."""
-    jobs = horizon_jobs(finalists, values, full_steps, rule, seeds)
-    for k in sorted({j.steps for j in jobs}):
-        history.append({"steps": k, "entries": list(dict.fromkeys(j.entry for j in jobs if j.steps == k)),
-                        "seeds": rule.final_seeds, "horizon": k // full_steps})
-    missing = [j for j in jobs if j.key not in values]
-    if missing:
-        return Plan(missing, history)
-    return Plan([], history, done=True, finalists=finalists, seeds=seeds)
-
-
-def most_steps(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> int:
-    """The most retrain steps :func:`plan` can run over ``entries``: every short rung, every
-    named placement and the searched survivor at ``full_steps``, and each final seed of at most
-    three finalists (the best named one, the model's own, the searched one; with no searched
-    entry the two best named ones) up to ``max_seeds`` (``final_seeds`` without a searched
-    entry), no final cut short. E.g. 5 searched and 5 named entries at ``(1000, eta 3, 3 rungs,
-    6 seeds at most)``: ``5 * 111 + 2 * 333 + 6 * 1000 + 2 * 5 * 1000 = 17221``. The bound behind a race's time-left estimate (:class:`autoln.engine.training.TimeLeft`).
-
-    Raises:
-        ValueError: as :func:`rung_steps`."""
-    steps = rung_steps(full_steps, rule)
-    both = any(e.named for e in entries) and any(not e.named for e in entries)
-    seeds = rule.max_seeds if both else rule.final_seeds
-    if len(entries) <= 3 or len(steps) == 1:
-        return len(entries) * full_steps * seeds + (2 * rule.final_seeds * full_steps * sum(rule.horizons[1:]) if both else 0)
-    alive, named = sum(not e.named for e in entries), sum(e.named for e in entries)
-    total, short = 0, steps[:-1]
-    for k, s in enumerate(short):
-        if alive <= 1:
-            break
-        total += alive * s
-        alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
-    searched = min(alive, 1)
-    finalists = searched + min(named, 2)
-    horizons = 2 * rule.final_seeds * full_steps * sum(rule.horizons[1:]) if searched and named else 0
-    return total + (named + searched) * full_steps + finalists * ((seeds if searched else rule.final_seeds) - 1) * full_steps \
-        + horizons
-
-
-def steps_done(values: Values) -> int:
-    """The retrain steps behind ``values`` (``(entry, steps, seed)`` -> value): the race's work
-    so far, in the units of :func:`most_steps`."""
-    return sum(k[1] for k in values)
-
-
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """``(mean, sample std)`` with a diverged value making the mean ``inf``."""
     xs = [score(v) for v in values]
     if any(math.isinf(x) for x in xs):
         return math.inf, 0.0
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
-def run(entries: Sequence[Entry], full_steps: int, rule: RaceRule, measure: Callable[[Job], float],
-        values: Optional[dict] = None) -> tuple[Plan, dict]:
-    """Run the race in this process: measure every pending job of :func:`plan` in order until
-    it is done. ``measure(job)`` retrains and returns the value (NaN for a diverged run);
-    ``values`` holds measurements already made (reused, and filled in). Returns the final
-    :class:`Plan` and the values."""
-    values = {} if values is None else values
-    while True:
-        p = plan(entries, values, full_steps, rule)
-        if p.done:
-            return p, values
-        for job in p.pending:
-            values[job.key] = float(measure(job))

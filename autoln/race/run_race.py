@@ -46,9 +46,12 @@ from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
 from autoln.core.errors import ConfigError, OutputError
 from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
-from autoln.core.io import read_json, save_figure_atomic, write_json_atomic
+from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
-from autoln.race.rule import Entry, Job, Plan, RaceRule, make_pool, most_steps, plan, rung_steps, steps_done
+from autoln.race.propose import Proposer, Space, make_proposer
+from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin, rung_steps
+from autoln.race.schedule import Plan, most_steps, plan, proposal_names, steps_done
+from autoln.race.figure import race_figure
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
 from autoln.tune import open_storage, write_hparams
@@ -64,7 +67,8 @@ def rule_of(cfg: Config) -> RaceRule:
     """The :class:`autoln.race.rule.RaceRule` of ``cfg.race``."""
     rc = cfg.race
     return RaceRule(eta=rc.eta, rungs=rc.rungs, final_seeds=rc.final_seeds, level=rc.level, max_seeds=rc.max_seeds,
-                    spending=rc.spending, horizons=tuple(rc.horizons))
+                    spending=rc.spending, horizons=tuple(rc.horizons), proposer=rc.proposer, budget=rc.budget,
+                    proposals=rc.proposals)
 
 
 def named_specs(candidates: list[str]) -> list[str]:
@@ -90,6 +94,8 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
     searched.append(("argmax", [int(i) for i in probs.argmax(-1)]))
     for i, entry in enumerate(supernet.provenance.get("selection", {}).get("shortlist", [])):
         searched.append((f"top{i + 1}", [int(c) for c in entry["choices"]]))
+    if cfg.race.proposer == "random":  # random search through the same race: no supernet entry
+        searched = []
     named = named_specs(cands)
     named_pl = [(n, baseline(n, mc, vocab).describe()) for n in named]
     genotypes = {name: from_probabilities(probs, mc, vocab, {"race_entry": name, "searched_in": str(folder)}, choices)
@@ -142,6 +148,27 @@ class RaceSetup:
     rule: RaceRule
     headline: str
     name: str
+    supernet: Optional[Genotype] = None
+    proposer: Optional[Proposer] = None
+
+    def entry_names(self) -> list[str]:
+        """Every entry the race can run: the pool and the names proposal rounds can give."""
+        return [e.name for e in self.entries] + proposal_names(sum(not e.named for e in self.entries), self.full_steps, self.rule)
+
+    def plan(self, values: dict) -> Plan:
+        """:func:`autoln.race.schedule.plan` of this race; each proposed entry gets its genotype
+        file in ``race/pool`` (its ``retrain.py --genotype`` argument)."""
+        p = plan(self.entries, values, self.full_steps, self.rule, self.proposer)
+        for e in p.proposed:
+            if e.name not in self.specs:
+                path = self.folder / RACE_DIR / "pool" / f"{e.name}.json"
+                if not path.exists() or Genotype.load(path).describe() != e.placements:
+                    choices = list(self.proposer.space.encode(e.placements))
+                    from_probabilities(self.supernet.site_probabilities(), self.supernet.model_config(self.cfg.model),
+                                       self.supernet.model["vocab_size"], {"race_entry": e.name, "origin": origin(e),
+                                                                            "searched_in": str(self.folder)}, choices).save(path)
+                self.specs[e.name] = str(path)
+        return p
 
     def record(self) -> dict:
         """What the study records of this race (a resumed race must match it)."""
@@ -165,6 +192,9 @@ def open_race_study(setup: RaceSetup):
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     mine = json.loads(json.dumps(setup.record()))
     theirs = study.user_attrs.get("race")
+    if theirs is not None and isinstance(theirs.get("rule"), dict):  # a race started before a rule setting existed: its default
+        defaults = json.loads(json.dumps(dataclasses.asdict(RaceRule())))
+        theirs = {**theirs, "rule": {**{k: v for k, v in defaults.items() if k not in theirs["rule"]}, **theirs["rule"]}}
     if theirs is None:
         study.set_user_attr("race", mine)
     elif theirs != mine:
@@ -259,7 +289,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
 
         torch.set_num_threads(threads)
     study = open_race_study(setup)
-    names = [e.name for e in setup.entries]
+    names = setup.entry_names()
     most = most_steps(setup.entries, setup.full_steps, setup.rule)
     eta = TimeLeft(steps_done(measured(study)[0]), most)  # every worker's retrain steps, at this worker's view of the rate
 
@@ -281,7 +311,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
 
     while True:
         values, busy, _ = measured(study)
-        p = plan(setup.entries, values, setup.full_steps, setup.rule)
+        p = setup.plan(values)
         if p.done:
             return
         for job in p.pending:
@@ -333,8 +363,15 @@ def setup_race(cfg: Config, folder: Path) -> RaceSetup:
     supernet = Genotype.load(sup)
     corpus = load_corpus(cfg.data)
     entries, aliases, specs = race_pool(cfg, supernet, corpus.vocab_size, folder)
-    return RaceSetup(cfg, folder, entries, aliases, specs, cfg.retrain.steps, rule_of(cfg), HEADLINE[cfg.data.tokenizer],
-                     study_name(supernet))
+    rule = rule_of(cfg)
+    proposer = None
+    if rule.proposer != "none":
+        cands = list(supernet.candidates)
+        probs = supernet.site_probabilities()
+        proposer = make_proposer(rule.proposer, Space(tuple(cands), probs.shape[0], probs, 1 if supernet.granularity == "layer" else 2),
+                                 cfg.retrain.seed)
+    return RaceSetup(cfg, folder, entries, aliases, specs, cfg.retrain.steps, rule, HEADLINE[cfg.data.tokenizer],
+                     study_name(supernet), supernet, proposer)
 
 
 def supernet_file(folder: Path) -> Path:
@@ -398,20 +435,22 @@ def describe_pool(setup: RaceSetup) -> None:
 def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     """The verdict, ``genotype.json`` (the answer with the verdict in its provenance),
     ``race.json``, ``race.png`` and the HParams table."""
-    p = plan(setup.entries, values, setup.full_steps, setup.rule)
+    p = setup.plan(values)
+    everyone = setup.entries + p.proposed
     unit = UNITS.get(setup.headline, setup.headline)
     v = verdict(p.finalists, values, setup.full_steps, setup.rule, unit)
     folder = setup.folder
-    jobs = [{"entry": k[0], "placements": next(e.placements for e in setup.entries if e.name == k[0]), "steps": k[1],
+    jobs = [{"entry": k[0], "placements": next(e.placements for e in everyone if e.name == k[0]), "steps": k[1],
              "seed": k[2], "retrain_seed": setup.cfg.retrain.seed + k[2], "value": values[k] if math.isfinite(values[k]) else None,
              **info.get(k, {})} for k in sorted(values, key=lambda k: (k[1], k[2], k[0]))]
     record = {"rule": setup.rule.describe(), "settings": dataclasses.asdict(setup.rule), "full_steps": setup.full_steps,
-              "metric": setup.headline, "pool": [dataclasses.asdict(e) for e in setup.entries], "aliases": setup.aliases,
+              "metric": setup.headline, "pool": [dataclasses.asdict(e) | {"origin": origin(e)} for e in everyone],
+              "aliases": setup.aliases,
               "rungs": p.rungs, "jobs": jobs,
               "verdict": {"answer": v.answer.name, "placements": v.answer.placements, "kind": v.answer.kind, "outcome": v.outcome,
                           "line": v.line, "p_value": v.p_value, "values": v.values,
                           "searched": v.searched.name if v.searched else None, "named": v.named.name if v.named else None,
-                          "horizons": v.horizons},
+                          "horizons": v.horizons, "origin": origin(v.answer)},
               "wall_time_s": round(sum(j.get("wall_time_s") or 0 for j in jobs), 1)}
     record_path = write_json_atomic(folder / RACE_DIR / RACE_FILE, record)
     supernet = Genotype.load(folder / SUPERNET_FILE)
@@ -425,44 +464,16 @@ def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     path = answer.save(folder / GENOTYPE_FILE)
     if setup.cfg.logging.tensorboard:
         race_figure(record, folder / RACE_DIR / "race.png")
-        for e in setup.entries:
+        for e in everyone:
             mine = [j for j in jobs if j["entry"] == e.name and j["value"] is not None]
             metrics = {f"race/steps{j['steps']}_seed{j['seed']}": j["value"] for j in mine}
             finals = [j["value"] for j in mine if j["steps"] == setup.full_steps]
             if finals:
                 metrics["race/final_mean"] = float(np.mean(finals))
-            write_hparams(folder / RACE_DIR / "hparams" / e.name, {"entry": e.name, "kind": e.kind, "placements": e.placements,
+            write_hparams(folder / RACE_DIR / "hparams" / e.name, {"entry": e.name, "kind": e.kind, "origin": origin(e),
+                                                                   "placements": e.placements,
                                                                    "answer": e.name == v.answer.name}, metrics)
     return RaceResult(v, p, path, record_path, record)
-
-
-def race_figure(record: dict, path: Path) -> Path:
-    """``race.png``: each entry's value against the rung's steps (seed 0; the final rung's mean
-    over seeds), the finalists' seeds as dots, the answer drawn thick."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    answer = record["verdict"]["answer"]
-    for e in record["pool"]:
-        mine = [j for j in record["jobs"] if j["entry"] == e["name"] and j["value"] is not None]
-        steps = sorted({j["steps"] for j in mine})
-        ys = [float(np.mean([j["value"] for j in mine if j["steps"] == s])) for s in steps]
-        if not steps:
-            continue
-        line, = ax.plot(steps, ys, "-o" if e["kind"] == "named" else "--s", lw=3 if e["name"] == answer else 1.2,
-                        label=f"{e['name']} ({e['kind']})")
-        finals = [j["value"] for j in mine if j["steps"] == record["full_steps"]]
-        ax.scatter([record["full_steps"]] * len(finals), finals, s=12, color=line.get_color(), alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel("retrain steps (rung)")
-    ax.set_ylabel(f"valid {record['metric']}")
-    ax.set_title(record["verdict"]["line"][:90] + ("..." if len(record["verdict"]["line"]) > 90 else ""), fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure_atomic(fig, path)
 
 
 def finished_race(folder: Path) -> Optional[dict]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from autoln.core.errors import DivergenceError
-from autoln.race.rule import (Entry, RaceRule, Values, final_pair, final_state, horizon_jobs, mean_sd, paired_diffs,
+from autoln.race.rule import (Entry, RaceRule, Values, final_pair, final_state, horizon_jobs, mean_sd, origin, paired_diffs,
                               score)
 
 
@@ -156,7 +156,9 @@ def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, r
         bound = design.nominal()[n]
         test_line = (f"one-sided paired t-test p = {p:.3g} < {rule.level}" if single else
                      f"one-sided paired t-test p = {p:.3g} < {bound:.3g}, the boundary at {n} seeds of {test}")
-        return Verdict(searched, f"answer: {searched.name} = {searched.placements} (beats {named.name} {at}: {shown(searched)}, "
+        whence = origin(searched)
+        whence = f"{whence}; " if whence.startswith("proposed") else ""
+        return Verdict(searched, f"answer: {searched.name} = {searched.placements} ({whence}beats {named.name} {at}: {shown(searched)}, "
                                  f"{shown(named)}{u}; {test_line})", "searched-wins", searched, named, per, p)
     ahead = sum(paired_diffs(finalists, values, full_steps, n)) < 0
     if not ahead:

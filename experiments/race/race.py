@@ -104,6 +104,7 @@ def search(cfg, folder: Path):
 def race_one(name: str, overrides: list[str], k: str, seed: int, args) -> dict:
     """One race and its fresh-seed check (module docstring); the row of :data:`RACES`."""
     from autoln.race import rule as R
+    from autoln.race import schedule as S
     from autoln.race import verdict as V
     from autoln.data import load_corpus
     from autoln.race.run_race import job_config, race_pool, rule_of
@@ -122,7 +123,7 @@ def race_one(name: str, overrides: list[str], k: str, seed: int, args) -> dict:
         run_dir = folder / "race" / job.entry / f"steps{job.steps}-seed{job.seed}"
         return retrains.value(job_config(cfg, job), job.entry, specs[job.entry], by_name[job.entry].placements, run_dir)
 
-    plan, values = R.run(entries, full, rule, measure)
+    plan, values = S.run(entries, full, rule, measure)
     v = V.verdict(plan.finalists, values, full, rule, "bits/byte")
     # the best named placement for the fresh check: of the two best named at the race's seed 0 at the full budget, the one
     # with the better mean at the fresh seeds (chosen on the fresh seeds themselves, which can only flatter the baseline)

@@ -181,6 +181,7 @@ def simulate(s: Setup, run: int, seed: int, fill: bool):
     Raises:
         Missing: a row the run needs is not in the table (and not ``fill``)."""
     from autoln.race import rule as R
+    from autoln.race import schedule as S
     from autoln.race.run_race import rule_of
 
     full, rule = s.cfg.retrain.steps, rule_of(s.cfg)
@@ -188,7 +189,7 @@ def simulate(s: Setup, run: int, seed: int, fill: bool):
     best = None
     for n in range(1, len(order) + 1):
         entries, _ = R.make_pool([(g, g) for g in order[:n]], list(s.named.items()))
-        plan, values = R.run(entries, full, rule, measure_with(s, fill))
+        plan, values = S.run(entries, full, rule, measure_with(s, fill))
         if best is not None and cost(s, values) > s.budget:
             break
         best = (entries, plan, values, n)
@@ -286,6 +287,7 @@ def check_named(s: Setup, args) -> str:
 def check_run(s: Setup, args) -> str:
     """Run ``args.check_run``'s race for real (module docstring) and compare it with the simulation."""
     from autoln.race import rule as R
+    from autoln.race import schedule as S
     from autoln.race import verdict as V
     from autoln.race.run_race import job_config, rule_of
 
@@ -296,7 +298,7 @@ def check_run(s: Setup, args) -> str:
     values: dict = {}
     t0 = time.perf_counter()
     while True:
-        plan = R.plan(entries, values, full, rule)
+        plan = S.plan(entries, values, full, rule)
         if plan.done:
             break
         todo = plan.pending  # none measured yet (autoln.race.rule.Plan)
