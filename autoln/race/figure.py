@@ -26,7 +26,7 @@ def race_figure(record: dict, path: Path) -> Path:
         if not steps:
             continue
         line, = ax.plot(steps, ys, "-o" if e["kind"] == "named" else "--s", lw=3 if e["name"] == answer else 1.2,
-                        label=f"{e['name']} ({e['kind']})")
+                        label=f"{e['name']} ({e.get('origin', e['kind'])})")
         finals = [j["value"] for j in mine if j["steps"] == record["full_steps"]]
         ax.scatter([record["full_steps"]] * len(finals), finals, s=12, color=line.get_color(), alpha=0.6)
     ax.set_xscale("log")
