@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import os
 from types import ModuleType
 from pathlib import Path
@@ -37,8 +38,9 @@ def experiment_script(name: str) -> ModuleType:
     path = ROOT / "experiments" / f"{name}.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such experiment script (name it as '<folder>/<script>')")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    spec = importlib.util.spec_from_file_location(f"experiment_{name.replace('/', '_')}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses read their module's namespace while the module runs
     spec.loader.exec_module(module)
     return module
 

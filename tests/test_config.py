@@ -225,3 +225,23 @@ def test_yaml_12_numbers_leave_pyyaml_alone_and_refuse_what_is_no_number():
     assert yaml.safe_load("1e-4") == "1e-4"  # PyYAML's own loader unchanged for other code
     with pytest.raises(ConfigError, match=r"'search.steps' \(--set\) must be an integer, got 1.5"):
         load_config(None, ["search.steps=1.5"])
+
+
+def test_a_merge_key_is_read_as_yaml_reads_it_and_duplicates_are_still_refused(tmp_path):
+    """``retrain: {<<: *opt, steps: 20}`` (omegaconf#470): the anchor's keys merged, the
+    mapping's own keys winning, as ``yaml.safe_load`` reads it; a key twice still refused."""
+    import pytest
+    import yaml
+
+    from autoln.config import load_config
+    from autoln.core.errors import ConfigError
+
+    text = "search: &opt\n  lr: 0.003\n  batch_size: 4\nretrain:\n  <<: *opt\n  steps: 20\n  batch_size: 6\n"
+    assert yaml.safe_load(text)["retrain"] == {"lr": 0.003, "batch_size": 6, "steps": 20}
+    path = tmp_path / "merge.yaml"
+    path.write_text(text)
+    cfg = load_config(str(path), [])
+    assert (cfg.retrain.lr, cfg.retrain.batch_size, cfg.retrain.steps) == (0.003, 6, 20) and cfg.search.batch_size == 4
+    path.write_text("retrain:\n  <<: {lr: 0.003}\n  steps: 20\n  steps: 30\n")
+    with pytest.raises(ConfigError, match="duplicate key"):
+        load_config(str(path), [])

@@ -125,3 +125,38 @@ def test_baselines_of_every_candidate_and_gain_form():
     g = baseline("all-pre:fixed", cfg, 256)
     assert g.candidates == ["pre:fixed"] and g.describe() == "pre:fixed pre:fixed pre:fixed pre:fixed"
     assert is_baseline("all-lns:fixed") and not is_baseline("all-none:fixed") and not is_baseline("all-sandwich")
+
+
+def test_a_hand_edited_genotype_with_a_key_twice_is_refused_naming_the_key(tmp_path):
+    """A second ``"placements"`` pasted above the original: refused in one line, never read with
+    the last one winning (both genotype formats, and every JSON record a run reads back)."""
+    import json
+
+    import pytest
+
+    from autoln.api.site_genotype import SiteGenotype
+    from autoln.core.errors import GenotypeError, OutputError
+    from autoln.core.io import DuplicateKey, loads_strict, read_json
+    from autoln.models.genotype import Genotype, baseline
+    from autoln.config import ModelConfig
+
+    g = baseline("all-pre", ModelConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, context=8), 11)
+    path = g.save(tmp_path / "g.json")
+    text = path.read_text()
+    assert text.count('"placements": [') == 1
+    doubled = text.replace('"placements": [', '"placements": ["post", "post"],\n  "placements": [', 1)
+    path.write_text(doubled)
+    with pytest.raises(GenotypeError, match=r"g\.json: the key 'placements' appears twice in one object"):
+        Genotype.load(path)
+    site = tmp_path / "s.json"
+    site.write_text('{"format": "autoln.site-genotype", "version": 1, "candidates": ["pre"], "sites": {"a": "pre"}, '
+                    '"sites": {"a": "pre"}, "probabilities": {}, "provenance": {}}')
+    with pytest.raises(GenotypeError, match="the key 'sites' appears twice"):
+        SiteGenotype.load(site)
+    race = tmp_path / "race.json"
+    race.write_text('{"verdict": {"answer": "all-pre", "answer": "top1"}}')
+    with pytest.raises(OutputError, match=r"race\.json: the key 'answer' appears twice"):
+        read_json(race)
+    assert read_json(tmp_path / "missing.json") is None and loads_strict('{"a": {"b": 1}, "b": 2}') == {"a": {"b": 1}, "b": 2}
+    with pytest.raises(DuplicateKey):
+        loads_strict(json.dumps({"a": 1})[:-1] + ', "a": 2}')

@@ -526,3 +526,68 @@ def test_most_steps_is_the_work_of_a_race_whose_searched_finalist_leads_at_every
     assert steps_done(values) == 13221 - 3 * 2 * 1000
     three = entries[:3]  # a pool of three goes to the final at once: every entry, every seed
     assert most_steps(three, 90, RaceRule()) == 3 * 90 * 3
+
+
+# --- degenerate values: a rounding difference is no lead, the words fit the numbers -----------------
+
+def _api_race(evaluate, **kw):
+    """The API's race on a tiny GPT with a rigged ``evaluate`` (``train`` does nothing)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from gpt import GPT, GPTConfig
+
+    import autoln
+    from autoln.api import searchable_sites
+
+    cands = ("pre", "post", "deepnorm")
+
+    def build():
+        return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=11, bias=False, norm_candidates=cands))
+
+    sites = [n for n, _ in searchable_sites(build())]
+    searched = autoln.SiteGenotype(list(cands), dict(zip(sites, ["post", "deepnorm", "post", "deepnorm"])), {s: [0.2, 0.5, 0.3] for s in sites})
+    return autoln.race_genotypes(build, searched, train=lambda m, s, n: None, evaluate=evaluate, steps=9, progress=False, **kw)
+
+
+def _placements(model):
+    import autoln
+
+    return [next(iter(m.placements)) for m in model.modules() if isinstance(m, autoln.Site)]
+
+
+def test_a_searched_entry_lower_by_float_rounding_does_not_win():
+    """1e-12 below the named placements at every seed: below the values' resolution (1e-6), no
+    lead: the named placement is the answer, level with the searched one, no p = 0."""
+    def evaluate(model):  # the searched read-off (post deepnorm post deepnorm) 1e-12 below every named placement
+        return 1.0 - (1e-12 if _placements(model) == ["post", "deepnorm", "post", "deepnorm"] else 0.0)
+
+    out = _api_race(evaluate)
+    assert out.verdict.outcome == "named-wins" and out.verdict.answer.name == "all-pre"
+    assert "level with it at seed 0" in out.verdict.line and "p = 0" not in out.verdict.line
+
+
+def test_equal_values_are_level_not_behind():
+    out = _api_race(lambda m: 2.0)
+    assert out.verdict.outcome == "named-wins" and "level with it at seed 0" in out.verdict.line
+    assert "behind" not in out.verdict.line
+
+
+def test_every_finalist_diverged_names_the_api_s_remedy_not_config_keys():
+    from autoln.core.errors import DivergenceError
+
+    with pytest.raises(DivergenceError, match="lower your train loop's learning rate") as e:
+        _api_race(lambda m: float("nan"))
+    assert "retrain.lr" not in str(e.value)
+
+
+def test_ties_and_leads_below_the_resolution():
+    from autoln.race.sequential import Design, decide, resolved
+    from autoln.race.verdict import lead
+    from autoln.retrain.ranking import RESOLUTION, is_tie, vs_best
+
+    assert RESOLUTION == 1e-6 and resolved([-1e-12, -2e-6, 5e-7]) == [0.0, -2e-6, 0.0]
+    assert decide([-1e-12] * 6, Design(3, 6, 0.05, "obrien-fleming")) == "lose"  # before: t = -inf, a win
+    assert decide([-0.01] * 3, Design(3, 6, 0.05, "obrien-fleming")) == "win"
+    assert paired_p([1.0 - 1e-12] * 3, [1.0] * 3) == 1.0 and paired_p([0.99] * 3, [1.0] * 3) == 0.0
+    assert lead([1.0] * 3, [1.0 + 1e-12] * 3) == "level" and lead([1.0] * 3, [1.1] * 3) == "ahead"
+    assert is_tie([1.0, 1.0], [1.0 + 1e-12] * 2) and is_tie([1.0], [1.0 + 1e-9]) and not is_tie([1.0, 1.0], [1.1, 1.1])
+    assert vs_best(1e-12, 0.0, 2, False) == "+0.0000 (tie: equal)" and vs_best(0.1, 0.0, 2, False) == "+0.1000"

@@ -163,7 +163,7 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
     shown.bar.update(shown.done)
     plan, values = run_entering(entries, steps, rule, measure, values, proposer, genotypes, genotypes[own_name])
     shown.close()
-    v = V.verdict(plan.finalists, values, steps, rule, unit)
+    v = V.verdict(plan.finalists, values, steps, rule, unit, V.REMEDY_API)
     record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "aliases": aliases,
               "pool": [vars(e) | {"origin": R.origin(e)} for e in entries + plan.proposed], "rungs": plan.rungs, "jobs": [{"entry": k[0], "steps": k[1], "seed": seed + k[2], "value": val}
                                             for k, val in sorted(values.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))],

@@ -6,7 +6,6 @@ passes (:func:`as_site_genotype`), and the notes on a read-off's weak answers
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from autoln.core.io import loads_strict
 from autoln.core.errors import GenotypeError, cut, quoted
 from autoln.models.genotype import FORMAT, SITE_FORMAT
 from autoln.space.placements import placement_names
@@ -92,11 +92,12 @@ class SiteGenotype:
         """Read and validate a file written by :meth:`save`.
 
         Raises:
-            GenotypeError: unreadable, not JSON, or a check of :meth:`from_dict` failing.
+            GenotypeError: unreadable, not JSON, an object with one key twice, or a check of
+                :meth:`from_dict` failing.
         """
         try:
-            obj = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            obj = loads_strict(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # DuplicateKey too: one key twice
             raise GenotypeError(f"cannot read site genotype {path}: {exc}") from None
         return cls.from_dict(obj, source=str(path))
 

@@ -36,13 +36,16 @@ MAX_CONFIG_YAML = 65_536
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader with two changes: a key given twice in one mapping is an error
-    (PyYAML keeps the last silently, so ``model:`` written twice would drop the first section),
+    (PyYAML keeps the last silently, so ``model:`` written twice would drop the first section;
+    a merge key's ``<<: *anchor`` keys are merged as YAML merges them, the mapping's own winning),
     and numbers are read as YAML 1.2 reads them (:data:`YAML12_FLOAT`: ``1e-4`` and ``3E5`` are
     numbers, where PyYAML's YAML 1.1 resolver reads a float without a dot as a string)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: merged as YAML merges it, its keys overridable
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {quoted(key)}", key_node.start_mark)

@@ -186,12 +186,40 @@ def copy_atomic(src: str | Path, dst: str | Path) -> Path:
         return _atomic(dst, lambda fh: shutil.copyfileobj(source, fh), "wb")
 
 
+class DuplicateKey(ValueError):
+    """A JSON object holding one key twice (a hand edit pasted a second copy above the first):
+    refused, since the last one would silently win (RFC 8259 §4 leaves it undefined)."""
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads(text)``, refusing an object with one key twice.
+
+    Raises:
+        DuplicateKey: names the key; ValueError: invalid JSON (as ``json.loads``)."""
+    def pairs(items: list) -> dict:
+        out: dict = {}
+        for key, value in items:
+            if key in out:
+                raise DuplicateKey(f"the key {key!r} appears twice in one object: keep one")
+            out[key] = value
+        return out
+    return json.loads(text, object_pairs_hook=pairs)
+
+
 def read_json(path: str | Path) -> Any:
     """The JSON value in ``path``, or None when the file is missing, unreadable, not UTF-8 or
     not valid JSON (e.g. cut short by a crash or a full disk): for files a run reuses when
-    present and redoes otherwise."""
+    present and redoes otherwise.
+
+    Raises:
+        OutputError: an object holds one key twice (a hand edit; :func:`loads_strict`): the
+            file is refused, not redone, naming it and the key."""
+    from autoln.core.errors import OutputError
+
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return loads_strict(Path(path).read_text(encoding="utf-8"))
+    except DuplicateKey as exc:
+        raise OutputError(f"{path}: {exc}") from None
     except (OSError, UnicodeDecodeError, ValueError):
         return None
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from autoln.config import AFFINES, GRANULARITIES, ModelConfig
 from autoln.core.errors import GenotypeError, cut, quoted
-from autoln.core.io import json_safe, write_json_atomic
+from autoln.core.io import DuplicateKey, json_safe, loads_strict, write_json_atomic
 from autoln.space.placements import NORMS, PLACEMENTS, parse_name, placement_names
 
 FORMAT = "autoln.genotype"
@@ -125,15 +125,17 @@ class Genotype:
 
         Raises:
             GenotypeError: unreadable file, invalid JSON (an integer of more than 4,300
-                digits, Python's limit, included), or any check of :meth:`from_dict` failing;
-                the message names the file and the field.
+                digits, Python's limit, included; an object with one key twice), or any check
+                of :meth:`from_dict` failing; the message names the file and the field.
         """
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise GenotypeError(f"cannot read genotype file {path}: {getattr(exc, 'strerror', None) or exc}") from None
         try:
-            obj = json.loads(text)
+            obj = loads_strict(text)
+        except DuplicateKey as exc:
+            raise GenotypeError(f"genotype file {path}: {exc}") from None
         except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits (Python's limit)
             raise GenotypeError(f"genotype file {path} is not valid JSON: {cut(str(exc))}") from None
         return cls.from_dict(obj, source=str(path))

@@ -52,7 +52,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from autoln.race.sequential import SPENDING, Design, decide
+from autoln.race.sequential import SPENDING, Design, decide, resolved
 
 KINDS = ("searched", "named")
 
@@ -284,7 +284,8 @@ def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, se
     """The searched finalist's paired differences to the best named finalist (by the mean over
     the first ``seeds`` seeds; ties by pool order) at those seeds, searched minus named (lower
     is better; a diverged run counts as ``inf``, so a diverged searched run gives ``inf`` or
-    ``nan``); None without a finalist of each kind.
+    ``nan``; a difference below the values' resolution is 0: :func:`autoln.race.sequential.resolved`);
+    None without a finalist of each kind.
 
     Raises:
         KeyError: a finalist's seed below ``seeds`` not measured."""
@@ -293,7 +294,7 @@ def paired_diffs(finalists: Sequence[Entry], values: Values, full_steps: int, se
         return None
     mine, best = pair
     per = {e.name: [score(values[(e.name, full_steps, i)]) for i in range(seeds)] for e in pair}
-    return [a - b if not (math.isinf(a) and math.isinf(b)) else math.nan for a, b in zip(per[mine.name], per[best.name])]
+    return resolved([a - b if not (math.isinf(a) and math.isinf(b)) else math.nan for a, b in zip(per[mine.name], per[best.name])])
 
 
 def final_state(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, seeds: int) -> str:

@@ -260,12 +260,22 @@ def t_stat(diffs: Sequence[float]) -> float:
     return mean / math.sqrt(var / n)
 
 
+def resolved(diffs: Sequence[float]) -> list[float]:
+    """``diffs`` with every difference smaller than the values' resolution
+    (:data:`autoln.retrain.ranking.RESOLUTION`) set to 0: float rounding is no lead."""
+    from autoln.retrain.ranking import RESOLUTION
+
+    return [0.0 if abs(d) < RESOLUTION else d for d in diffs]
+
+
 def decide(diffs: Sequence[float], design: Design) -> str:
     """Where the final stands after ``len(diffs)`` seeds (``diffs``: searched minus named per
     seed, lower is better; a diverged searched run is ``+inf``, a diverged named one ``-inf``):
     ``win`` (the searched finalist crossed the boundary at this look), ``lose`` (futility: not
     ahead on the mean, or no boundary left within reach; or the last look passed without a
-    win) or ``go on`` (run the next seed)."""
+    win) or ``go on`` (run the next seed). Differences below the values' resolution count as 0
+    (:func:`resolved`)."""
+    diffs = resolved(diffs)
     n = len(diffs)
     if n == 0:
         return "go on"

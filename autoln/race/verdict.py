@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from autoln.core.errors import DivergenceError
+from autoln.race.sequential import resolved
+from autoln.retrain.ranking import RESOLUTION
 from autoln.race.rule import (Entry, RaceRule, Values, final_pair, final_state, horizon_jobs, mean_sd, origin, paired_diffs,
                               score)
 
@@ -37,7 +39,8 @@ def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
     """One-sided paired t-test of ``a < b`` (values per seed, paired by position):
     ``scipy.stats.ttest_rel(a, b, alternative="less")``'s p-value. When every difference is
     equal (no spread) it is 0 if ``a`` is lower, else 1; a diverged value of ``a`` gives 1, of
-    ``b`` alone 0."""
+    ``b`` alone 0; differences below the values' resolution count as 0
+    (:func:`autoln.race.sequential.resolved`)."""
     from scipy.stats import ttest_rel
 
     a, b = [score(v) for v in a], [score(v) for v in b]
@@ -45,7 +48,7 @@ def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
         return 1.0
     if any(math.isinf(x) for x in b):
         return 0.0
-    diffs = [x - y for x, y in zip(a, b)]
+    diffs = resolved([x - y for x, y in zip(a, b)])
     if max(diffs) == min(diffs):
         return 0.0 if diffs[0] < 0 else 1.0
     return float(ttest_rel(a, b, alternative="less").pvalue)
@@ -66,16 +69,24 @@ def final_seeds_run(finalists: Sequence[Entry], values: Values, full_steps: int,
     return rule.max_seeds
 
 
-def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
+#: The remedy a race with every finalist diverged offers, by entry point (``search.py``'s race
+#: has config keys; the API's race the user's own training loop).
+REMEDY_CLI = "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)"
+REMEDY_API = "lower your train loop's learning rate or give it a warm-up"
+
+
+def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "",
+            remedy: str = REMEDY_CLI) -> Verdict:
     """The answer of a finished race (module docstring, **Verdict**; :func:`final_verdict`),
     with the lead at each longer budget of ``rule.horizons`` that ran (:func:`horizon_jobs`)
     added to the line, e.g. ``...; at 4000 steps not ahead (top1 1.8753 ± 0.0043, mix-ln
-    1.8711 ± 0.0047): the lead does not last)``. The answer is the one at the full budget.
+    1.8711 ± 0.0047): the lead does not last)``. The answer is the one at the full budget;
+    ``remedy`` as :func:`final_verdict`.
 
     Raises:
         KeyError: a retrain the final or a horizon needs not measured.
         DivergenceError: every finalist diverged at some seed: the race has no answer."""
-    v = final_verdict(finalists, values, full_steps, rule, unit)
+    v = final_verdict(finalists, values, full_steps, rule, unit, remedy)
     n = final_seeds_run(finalists, values, full_steps, rule)
     jobs = horizon_jobs(finalists, values, full_steps, rule, n)
     if not jobs:
@@ -102,10 +113,10 @@ def verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: R
 
 def lead(a: Sequence[float], b: Sequence[float]) -> str:
     """``ahead``, ``behind`` or ``level``: the mean of ``a`` against the mean of ``b`` (lower is
-    better), a gap within the larger sample standard deviation over seeds being ``level``
-    (:mod:`autoln.retrain.ranking`'s tie rule)."""
+    better), a gap within the larger sample standard deviation over seeds, or below the values'
+    resolution, being ``level`` (:mod:`autoln.retrain.ranking`'s tie rule)."""
     (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-    sd = max(sa, sb)
+    sd = max(sa, sb, RESOLUTION)
     return "ahead" if ma < mb - sd else ("behind" if ma > mb + sd else "level")
 
 
@@ -117,11 +128,15 @@ def lead_line(a: Sequence[float], b: Sequence[float], names: tuple[str, str]) ->
     return f"{names[0]} {ma:.4f} ± {sa:.4f}, {names[1]} {mb:.4f} ± {sb:.4f}: {word} ({ma - mb:+.4f})"
 
 
-def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "") -> Verdict:
+def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, rule: RaceRule, unit: str = "",
+                  remedy: str = REMEDY_CLI) -> Verdict:
     """The answer of a finished race at the full budget (module docstring, **Verdict**); ``unit`` names the values
     in the line (e.g. ``bits/byte``). The final's seeds are those it ran
     (:func:`final_seeds_run`); ``p_value`` is the paired t-test's over them, which the line
     sets against that look's nominal level (:meth:`autoln.race.sequential.Design.nominal`).
+    Differences below the values' resolution are no lead (a searched finalist equal to the named
+    one at seed 0 is ``level with it``). ``remedy``: what the error says to do when every
+    finalist diverged (:data:`REMEDY_CLI` for ``search.py``, :data:`REMEDY_API` for the API).
 
     Raises:
         KeyError: a finalist's seed the final needs not measured.
@@ -130,7 +145,7 @@ def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, r
     per = {e.name: [values[(e.name, full_steps, i)] for i in range(n)] for e in finalists}
     if all(math.isinf(mean_sd(v)[0]) for v in per.values()):
         raise DivergenceError(f"every finalist of the race diverged at {full_steps} steps ({', '.join(per)}): it has no answer; "
-                              "lower the retrain's learning rate or give it a warm-up (retrain.lr, retrain.warmup_steps)")
+                              f"{remedy}")
     rank = sorted(finalists, key=lambda e: (mean_sd(per[e.name])[0], finalists.index(e)))
     searched = next((e for e in rank if not e.named), None)
     named = next((e for e in rank if e.named), None)
@@ -162,7 +177,9 @@ def final_verdict(finalists: Sequence[Entry], values: Values, full_steps: int, r
                                  f"{shown(named)}{u}; {test_line})", "searched-wins", searched, named, per, p)
     ahead = sum(paired_diffs(finalists, values, full_steps, n)) < 0
     if not ahead:
-        where = "behind at seed 0" if n == 1 else f"not ahead on the mean over {n} seeds"
+        diffs = paired_diffs(finalists, values, full_steps, n)
+        level = n == 1 and diffs[0] == 0  # equal within the values' resolution
+        where = ("level with it at seed 0" if level else "behind at seed 0") if n == 1 else f"not ahead on the mean over {n} seeds"
         stop = ", so the final stopped there" if n < rule.max_seeds else ""
         return Verdict(named, f"answer: {named.name} (no searched placement beat it {at}: best searched {shown(searched)}, "
                               f"{shown(named)}{u}; {where}, it could not pass {test}{stop})", "named-wins", searched, named, per, p)

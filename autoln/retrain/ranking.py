@@ -12,6 +12,12 @@ import statistics
 from typing import Sequence
 
 
+#: The values' resolution (in their own unit: bits per byte, nats): two values closer than this
+#: are equal, whatever their spread says. The tables keep 6 decimals, the printout 4; a
+#: difference of 1e-12 is float rounding, not a result.
+RESOLUTION = 1e-6
+
+
 def mean_std(values: Sequence[float]) -> str:
     """``mean ± std`` (sample std) of the finite ``values`` at 4 decimals; the value alone for one; ``-`` for none."""
     values = [v for v in values if math.isfinite(v)]
@@ -34,19 +40,24 @@ def stats(values: Sequence[float]) -> tuple[float, float]:
 
 def is_tie(a: Sequence[float], b: Sequence[float]) -> bool:
     """True when the means of ``a`` and ``b`` (values per seed) differ by at most the larger of
-    their two standard deviations; never with fewer than two values on either side (one seed
-    tells no noise)."""
+    their two standard deviations, or by less than :data:`RESOLUTION` (equal); otherwise never
+    with fewer than two values on either side (one seed tells no noise)."""
+    (ma, sa), (mb, sb) = stats(a), stats(b)  # stats leaves the non-finite values out
+    if math.isfinite(ma) and math.isfinite(mb) and abs(ma - mb) < RESOLUTION:
+        return True
     if sum(map(math.isfinite, a)) < 2 or sum(map(math.isfinite, b)) < 2:
         return False
-    (ma, sa), (mb, sb) = stats(a), stats(b)  # stats leaves the non-finite values out
     return abs(ma - mb) <= max(sa, sb)
 
 
 def vs_best(gap: float, sd: float, seeds: int, best: bool) -> str:
-    """The ``vs_best`` cell of a comparison row: ``best``, ``-`` (no finished run), or ``+gap``
-    with `` (tie: within one std)`` when ``gap <= sd`` over two or more seeds."""
+    """The ``vs_best`` cell of a comparison row: ``best``, ``-`` (no finished run), ``+0.0000
+    (tie: equal)`` when ``gap`` is below :data:`RESOLUTION`, or ``+gap`` with `` (tie: within one
+    std)`` when ``gap <= sd`` over two or more seeds."""
     if best:
         return "best"
     if not math.isfinite(gap):
         return "-"
+    if gap < RESOLUTION:
+        return f"+{gap:.4f} (tie: equal)"
     return f"+{gap:.4f}" + (" (tie: within one std)" if seeds > 1 and gap <= sd else "")
