@@ -144,7 +144,7 @@ def test_a_searched_finalist_behind_at_seed_0_ends_the_final_there():
     v = verdict(p.finalists, values, 1000, R2, "bits/byte")
     assert v.answer.name == "all-outnorm" and v.outcome == "named-wins" and v.p_value is None
     assert v.line == ("answer: all-outnorm (no searched placement beat it at 1000 steps, seed 0: best searched top1 2.3360, "
-                      "all-outnorm 2.3360 bits/byte; behind at seed 0, it could not pass a one-sided paired t-test at level "
+                      "all-outnorm 2.3360 bits/byte; level with it at seed 0, it could not pass a one-sided paired t-test at level "
                       "0.05 over 3 seeds, so the final stopped there)")
     later = {**TABLE, ("top1", 1000, 1): 2.331}  # ahead at seed 0, level at seed 1: the final stops after two seeds
     measured = []
