@@ -149,7 +149,7 @@ def race_one(k: str, seed: int, data, vocab: int) -> dict:
     named = named_site_genotypes(tr.build())
     t0 = time.perf_counter()
     outcome = autoln.race_genotypes(tr.build, searched, train=train_fn, evaluate=lambda model: getattr(model, "autoln_value", 0.0),  # 0.0: the API's trial call before training
-                                    steps=recipe.steps, own="pre", seed=0)
+                                    steps=recipe.steps, own="pre", seed=0, unit="nats/char")
     race_s = time.perf_counter() - t0
     done = tr.done
     named_means = {n: statistics.mean(done[(g.describe(), s, recipe.steps, SETUP)] for s in (0, 1, 2))

@@ -128,7 +128,7 @@ class OwnModel:
             model.autoln_value = self.value(" ".join(placements_of(model).values()), s, steps, f"propose:{proposer}")
 
         return autoln.race_genotypes(self.tr.build, searched, train=train_fn, evaluate=lambda m: getattr(m, "autoln_value", 0.0),
-                                     steps=self.full, own="pre", seed=0, rule=rule, progress=False)
+                                     steps=self.full, own="pre", seed=0, rule=rule, progress=False, unit="nats/char")
 
     def named(self) -> dict[str, str]:
         from experiments.truth.own_model_truth import named_genotypes
