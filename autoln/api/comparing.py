@@ -28,6 +28,7 @@ from autoln.api.site_genotype import SiteGenotype, as_site_genotype
 from autoln.api.sites import as_number, as_pair, check_build, check_names, searchable_sites
 from autoln.config import RetrainConfig
 from autoln.core.errors import GenotypeError
+from autoln.core.modes import train_mode
 from autoln.retrain.ranking import is_tie, mean_std, stats, vs_best
 from autoln.engine.training import on_terminal, progress_bar
 
@@ -122,7 +123,9 @@ def uniform(model: nn.Module, placement: str) -> SiteGenotype:
 def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int], None]:
     """A plain training loop: ``cfg.steps`` AdamW steps (decay on matrices, ``cfg``'s warm-up and
     cosine schedule, clipping; :func:`autoln.engine.training.weight_optimizer`) on the batches of
-    ``train_batches`` in order, re-iterated when used up, on the model's device.
+    ``train_batches`` in order, re-iterated when used up, on the model's device; in train mode
+    except the modules ``build()`` froze in eval mode, each module back in its own mode after
+    (:func:`autoln.core.modes.train_mode`).
 
     Raises:
         ValueError: ``train_batches`` that cannot be iterated again (a generator or iterator:
@@ -136,18 +139,18 @@ def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int
     def train(model: nn.Module, seed: int) -> None:
         device = next(model.parameters()).device
         opt, sched = weight_optimizer(list(model.named_parameters()), cfg)
-        model.train()
         step = 0
-        while step < cfg.steps:
-            drawn = False
-            for i, batch in enumerate(train_batches):
-                if step >= cfg.steps:
-                    break
-                x, y = as_pair(batch, "train_batches", i)
-                train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
-                step, drawn = step + 1, True
-            if not drawn:
-                raise ValueError("autoln.compare_genotypes: train_batches gave no batch")
+        with train_mode(model):
+            while step < cfg.steps:
+                drawn = False
+                for i, batch in enumerate(train_batches):
+                    if step >= cfg.steps:
+                        break
+                    x, y = as_pair(batch, "train_batches", i)
+                    train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
+                    step, drawn = step + 1, True
+                if not drawn:
+                    raise ValueError("autoln.compare_genotypes: train_batches gave no batch")
     return train
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from autoln.core.modes import eval_mode
 from autoln.space.placements import NORMS, build_placement, placement_names
 
 def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, layer: int, norm: str = "layernorm") -> None:
@@ -224,16 +225,14 @@ def output_scales(names: Sequence[str], outputs: Sequence[torch.Tensor], weights
 def candidate_scales(model: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], Any]) -> dict[str, dict]:
     """Every searched site's candidate output RMS and share of the mixture (:func:`output_scales`)
     in one forward pass ``forward(x)`` of ``model`` in eval mode (``x``: token ids ``(B, T)``),
-    by the site's module name. The model's mode is restored."""
+    by the site's module name. Each module's mode is restored (:func:`autoln.core.modes.eval_mode`)."""
     sites = {n: m for n, m in model.named_modules() if isinstance(m, Site) and len(m.placements) > 1}
-    was_training = model.training
-    model.eval()
     for site in sites.values():
         site.probe = []
     try:
-        forward(x)
+        with eval_mode(model):
+            forward(x)
         return {n: site.probe[0] for n, site in sites.items() if site.probe}
     finally:
         for site in sites.values():
             site.probe = None
-        model.train(was_training)
