@@ -21,6 +21,7 @@ from autoln.api.site_genotype import SiteGenotype, as_site_genotype
 from autoln.api.sites import match_sites, model_sites, unwrap
 from autoln.core.errors import GenotypeError, OutputError
 from autoln.models.model import TransformerLM
+from autoln.models.site import hold_for_backward
 from autoln.space.branches import deepnorm_weights as find_deepnorm_weights
 from autoln.space.branches import scale_once
 from autoln.space.placements import parse_name
@@ -79,6 +80,7 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
         site = sites[name]
         site.placements = nn.ModuleDict({placement: site.placements[placement]})
         site.mix = None
+        hold_for_backward(site, None)
     return model
 
 
