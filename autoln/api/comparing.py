@@ -27,7 +27,7 @@ from autoln.api.deriving import derive
 from autoln.api.site_genotype import SiteGenotype, as_site_genotype
 from autoln.api.sites import as_number, as_pair, check_build, check_names, searchable_sites
 from autoln.config import RetrainConfig
-from autoln.core.errors import GenotypeError
+from autoln.core.errors import GenotypeError, cut
 from autoln.core.modes import train_mode
 from autoln.retrain.ranking import is_tie, mean_std, stats, vs_best
 from autoln.engine.training import on_terminal, progress_bar
@@ -203,8 +203,11 @@ def genotype_map(genotypes: Any, where: str, one: str) -> dict[str, SiteGenotype
 def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str, SiteGenotype],
                           evaluate: Callable[[nn.Module], Any], where: str) -> None:
     """What would fail after hours of training, found before the first: every genotype fits a
-    fresh model (:func:`autoln.api.derive`, without DeepNorm's init), and ``evaluate`` returns a
-    number on the first one's untrained model.
+    fresh model (:func:`autoln.api.derive`, without DeepNorm's init), then a trial call of
+    ``evaluate`` on the first one's untrained model must return a number. An ``evaluate`` that
+    cannot run before training (one that reads what your ``train`` sets) is let be: what it
+    raises is named in one line on stderr as your evaluate's, and the first trained model is
+    its first check.
 
     Raises:
         GenotypeError: naming the genotype that does not fit. ValueError: ``evaluate``'s
@@ -216,8 +219,16 @@ def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str
         except GenotypeError as exc:
             raise GenotypeError(f"{where}: {name}: {exc}") from None
         first = model if first is None else first
-    if first is not None:
-        as_number(evaluate(first), f"{where} (a trial call on an untrained model, before any training)")
+    if first is None:
+        return
+    try:
+        value = evaluate(first)
+    except Exception as exc:  # noqa: BLE001 - the user's code on a model it was not written for
+        said = cut(" ".join(str(exc).split()))  # one line, however the exception's text runs
+        print(f"{where}: note: a trial call of your evaluate on an untrained model, before any training, raised "
+              f"{type(exc).__name__}: {said}; it is checked on the first trained model instead", file=sys.stderr, flush=True)
+        return
+    as_number(value, f"{where} (a trial call on an untrained model, before any training)")
 
 
 def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
@@ -256,13 +267,16 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
             a list of distinct integers, ``baselines`` not a list of candidates, ``cfg``,
             ``train`` or ``evaluate`` of the wrong kind; no genotype and no baseline; an
             ``evaluate`` that returns no number (tried once on an untrained model before any
-            training); what :func:`default_train` and :func:`default_evaluate` raise.
+            training, :func:`check_before_training`); what :func:`default_train` and
+            :func:`default_evaluate` raise, before ``build`` is first called.
         autoln.core.errors.GenotypeError: a genotype that is none (a string that is no file,
             search.py's genotype), or that does not fit the model (:func:`derive`): every one
             checked before the first training.
     """
     where = "autoln.compare_genotypes"
     seed_list, named, baselines = check_compare(build, genotypes, baselines, seeds, train, evaluate, cfg)
+    train = train or default_train(train_batches, cfg or RetrainConfig())  # checks that need no user code first
+    evaluate = evaluate or default_evaluate(valid_batches)
     torch.manual_seed(seed_list[0])
     probe = build()
     if baselines is None:
@@ -272,8 +286,6 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
     del probe
     if not models:
         raise ValueError(f"{where}: nothing to compare: give genotypes or baselines")
-    train = train or default_train(train_batches, cfg or RetrainConfig())
-    evaluate = evaluate or default_evaluate(valid_batches)
     check_before_training(build, models, evaluate, where)
     values: dict[str, list[float]] = {name: [] for name in models}
     shown = RunProgress(where, progress, len(models) * len(seed_list), "run")
