@@ -10,8 +10,8 @@ own model) and :mod:`cli` (``search.py``, ``retrain.py``), with :mod:`diagnose`.
 The public API for a model of your own (README, *Your own model*), imported on first use:
 ``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
 ``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``,
-``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` (:mod:`api.comparing`) and
-``autoln.race_genotypes`` (:mod:`api.racing`).
+``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` (:mod:`api.comparing`),
+``autoln.race_genotypes`` (:mod:`api.racing`) and ``autoln.map_state_dict`` (:mod:`api.state_dicts`).
 """
 
 __version__ = "0.1.0"
@@ -20,7 +20,7 @@ _PUBLIC = {"Site": "models.site", "SearchModel": "api.search_model", "search": "
            "derive": "api.deriving", "SiteGenotype": "api.site_genotype", "load_derived": "api.deriving",
            "SearchOutcome": "api.searching", "SearchConfig": "config", "deepnorm_weights": "space.branches",
            "compare_genotypes": "api.comparing", "Comparison": "api.comparing", "race_genotypes": "api.racing",
-           "RaceOutcome": "api.racing"}
+           "RaceOutcome": "api.racing", "map_state_dict": "api.state_dicts"}
 __all__ = sorted(_PUBLIC)
 
 

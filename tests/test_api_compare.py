@@ -115,7 +115,7 @@ def test_ties_follow_the_rule_of_retrain_compare():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(seeds=0), "seeds: expected a positive count"),
     (dict(seeds=[1, 1]), "seeds: expected a positive count .e.g. 3. or a list of distinct integer seeds"),
-    (dict(baselines=("peri",)), r"baselines: 'peri' is not among the sites' candidates \['pre', 'post', 'deepnorm'\]"),
+    (dict(baselines=("peri",), train=my_train, evaluate=lambda m: 1.0), r"baselines: 'peri' is not among the sites' candidates \['pre', 'post', 'deepnorm'\]"),
     (dict(train_batches=iter([])), "train_batches: expected a list or a DataLoader"),
     (dict(train=my_train), "pass valid_batches"),
 ])

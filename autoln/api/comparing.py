@@ -27,7 +27,8 @@ from autoln.api.deriving import derive
 from autoln.api.site_genotype import SiteGenotype, as_site_genotype
 from autoln.api.sites import as_number, as_pair, check_build, check_names, searchable_sites
 from autoln.config import RetrainConfig
-from autoln.core.errors import GenotypeError
+from autoln.core.errors import GenotypeError, cut
+from autoln.core.modes import train_mode
 from autoln.retrain.ranking import is_tie, mean_std, stats, vs_best
 from autoln.engine.training import on_terminal, progress_bar
 
@@ -122,7 +123,9 @@ def uniform(model: nn.Module, placement: str) -> SiteGenotype:
 def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int], None]:
     """A plain training loop: ``cfg.steps`` AdamW steps (decay on matrices, ``cfg``'s warm-up and
     cosine schedule, clipping; :func:`autoln.engine.training.weight_optimizer`) on the batches of
-    ``train_batches`` in order, re-iterated when used up, on the model's device.
+    ``train_batches`` in order, re-iterated when used up, on the model's device; in train mode
+    except the modules ``build()`` froze in eval mode, each module back in its own mode after
+    (:func:`autoln.core.modes.train_mode`).
 
     Raises:
         ValueError: ``train_batches`` that cannot be iterated again (a generator or iterator:
@@ -136,18 +139,18 @@ def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int
     def train(model: nn.Module, seed: int) -> None:
         device = next(model.parameters()).device
         opt, sched = weight_optimizer(list(model.named_parameters()), cfg)
-        model.train()
         step = 0
-        while step < cfg.steps:
-            drawn = False
-            for i, batch in enumerate(train_batches):
-                if step >= cfg.steps:
-                    break
-                x, y = as_pair(batch, "train_batches", i)
-                train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
-                step, drawn = step + 1, True
-            if not drawn:
-                raise ValueError("autoln.compare_genotypes: train_batches gave no batch")
+        with train_mode(model):
+            while step < cfg.steps:
+                drawn = False
+                for i, batch in enumerate(train_batches):
+                    if step >= cfg.steps:
+                        break
+                    x, y = as_pair(batch, "train_batches", i)
+                    train_step(model, opt, sched, x.to(device), y.to(device), cfg.grad_clip)
+                    step, drawn = step + 1, True
+                if not drawn:
+                    raise ValueError("autoln.compare_genotypes: train_batches gave no batch")
     return train
 
 
@@ -200,8 +203,11 @@ def genotype_map(genotypes: Any, where: str, one: str) -> dict[str, SiteGenotype
 def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str, SiteGenotype],
                           evaluate: Callable[[nn.Module], Any], where: str) -> None:
     """What would fail after hours of training, found before the first: every genotype fits a
-    fresh model (:func:`autoln.api.derive`, without DeepNorm's init), and ``evaluate`` returns a
-    number on the first one's untrained model.
+    fresh model (:func:`autoln.api.derive`, without DeepNorm's init), then a trial call of
+    ``evaluate`` on the first one's untrained model must return a number. An ``evaluate`` that
+    cannot run before training (one that reads what your ``train`` sets) is let be: what it
+    raises is named in one line on stderr as your evaluate's, and the first trained model is
+    its first check.
 
     Raises:
         GenotypeError: naming the genotype that does not fit. ValueError: ``evaluate``'s
@@ -213,8 +219,16 @@ def check_before_training(build: Callable[[], nn.Module], genotypes: Mapping[str
         except GenotypeError as exc:
             raise GenotypeError(f"{where}: {name}: {exc}") from None
         first = model if first is None else first
-    if first is not None:
-        as_number(evaluate(first), f"{where} (a trial call on an untrained model, before any training)")
+    if first is None:
+        return
+    try:
+        value = evaluate(first)
+    except Exception as exc:  # noqa: BLE001 - the user's code on a model it was not written for
+        said = cut(" ".join(str(exc).split()))  # one line, however the exception's text runs
+        print(f"{where}: note: a trial call of your evaluate on an untrained model, before any training, raised "
+              f"{type(exc).__name__}: {said}; it is checked on the first trained model instead", file=sys.stderr, flush=True)
+        return
+    as_number(value, f"{where} (a trial call on an untrained model, before any training)")
 
 
 def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, baselines: Optional[Sequence[str]] = None,
@@ -253,13 +267,16 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
             a list of distinct integers, ``baselines`` not a list of candidates, ``cfg``,
             ``train`` or ``evaluate`` of the wrong kind; no genotype and no baseline; an
             ``evaluate`` that returns no number (tried once on an untrained model before any
-            training); what :func:`default_train` and :func:`default_evaluate` raise.
+            training, :func:`check_before_training`); what :func:`default_train` and
+            :func:`default_evaluate` raise, before ``build`` is first called.
         autoln.core.errors.GenotypeError: a genotype that is none (a string that is no file,
             search.py's genotype), or that does not fit the model (:func:`derive`): every one
             checked before the first training.
     """
     where = "autoln.compare_genotypes"
     seed_list, named, baselines = check_compare(build, genotypes, baselines, seeds, train, evaluate, cfg)
+    train = train or default_train(train_batches, cfg or RetrainConfig())  # checks that need no user code first
+    evaluate = evaluate or default_evaluate(valid_batches)
     torch.manual_seed(seed_list[0])
     probe = build()
     if baselines is None:
@@ -269,8 +286,6 @@ def compare_genotypes(build: Callable[[], nn.Module], genotypes: Genotypes, *, b
     del probe
     if not models:
         raise ValueError(f"{where}: nothing to compare: give genotypes or baselines")
-    train = train or default_train(train_batches, cfg or RetrainConfig())
-    evaluate = evaluate or default_evaluate(valid_batches)
     check_before_training(build, models, evaluate, where)
     values: dict[str, list[float]] = {name: [] for name in models}
     shown = RunProgress(where, progress, len(models) * len(seed_list), "run")

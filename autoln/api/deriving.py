@@ -21,7 +21,9 @@ from autoln.api.site_genotype import SiteGenotype, as_site_genotype
 from autoln.api.sites import match_sites, model_sites, unwrap
 from autoln.core.errors import GenotypeError, OutputError
 from autoln.models.model import TransformerLM
+from autoln.models.site import hold_for_backward
 from autoln.space.branches import deepnorm_weights as find_deepnorm_weights
+from autoln.space.branches import scale_once
 from autoln.space.placements import parse_name
 
 
@@ -38,13 +40,17 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     ``deepnorm_weights(site_name)`` returns: the value and output projections of attention,
     both FFN layers. By default they are found in the site's sibling branch
     (:func:`autoln.space.branches.deepnorm_weights`: ``attn_site`` wraps ``attn``; nanoGPT's value
-    third of ``c_attn``, ``c_proj``, ``c_fc``). Use ``init=False`` on a trained model.
+    third of ``c_attn``, ``c_proj``, ``c_fc``). Each weight gets the gain once: a branch module
+    that several blocks share (their sites each wrap it), or a tensor that ``deepnorm_weights``
+    returns for several sites, is scaled by ``b``, not ``b`` per site
+    (:func:`autoln.space.branches.scale_once`). Use ``init=False`` on a trained model.
 
     Raises:
         GenotypeError: a site of the genotype that the model lacks, a searched site of the model
             that the genotype lacks, or a placement the site does not offer.
         ValueError: ``init`` with DeepNorm sites whose branch weights cannot be found (pass
-            ``deepnorm_weights``); checked before any site is changed.
+            ``deepnorm_weights``), or one weight shared by sites of different gains (different
+            ``n_layers``); checked before any site is changed.
     """
     if isinstance(model, SearchModel):
         model = model.model
@@ -66,15 +72,15 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
             return find_deepnorm_weights(plain, name)
     scaled = {name: list(deepnorm_weights(name)) for name in deep} if init else {}
     for name, placement in chosen.items():
+        if placement not in sites[name].placements:
+            raise GenotypeError(f"site {name!r} offers {list(sites[name].placements)}, not the genotype's {placement!r}")
+    claims = [(name, w, sites[name].placements[chosen[name]].beta) for name, weights in scaled.items() for w in weights]
+    scale_once(claims)  # checks every claim before it changes a weight
+    for name, placement in chosen.items():
         site = sites[name]
-        if placement not in site.placements:
-            raise GenotypeError(f"site {name!r} offers {list(site.placements)}, not the genotype's {placement!r}")
         site.placements = nn.ModuleDict({placement: site.placements[placement]})
         site.mix = None
-        if name in scaled:
-            with torch.no_grad():
-                for weight in scaled[name]:
-                    weight.mul_(site.placements[placement].beta)
+        hold_for_backward(site, None)
     return model
 
 

@@ -125,8 +125,8 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
         ValueError: ``steps`` not a positive integer, ``searched`` not a genotype, a mapping of
             genotypes or a genotype file, an ``own`` that is not a candidate, ``baselines`` not a
             list of known names, ``rule`` not a RaceRule, ``values`` not keyed ``(entry, steps,
-            seed index)``, ``evaluate`` returning something other than a number; as
-            :func:`named_site_genotypes`.
+            seed index)``, ``evaluate`` returning something other than a number (its trial call
+            before training may raise: :func:`check_before_training`); as :func:`named_site_genotypes`.
         autoln.core.errors.GenotypeError: a genotype that does not fit the model (:func:`derive`),
             found before any training.
         autoln.core.errors.DivergenceError: every finalist diverged (:func:`autoln.race.verdict.verdict`).

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoln.api.sites import searchable_sites
-from autoln.models.site import Site
+from autoln.models.site import Site, hold_for_backward
 from autoln.models.supernet import SupernetMixin
 from autoln.space.mixing import MIXINGS
 
@@ -116,15 +116,20 @@ class SearchModel(SupernetMixin, nn.Module):
     def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None, mix: Optional[torch.Tensor] = None):
         """``(logits, loss)`` of ``loss_fn`` with every site mixing by its row of ``mix``
         ``(n_sites, K)`` (default :meth:`mixing_weights`, with fresh Gumbel noise in training mode
-        for stochastic mixings)."""
+        for stochastic mixings). Each site keeps its row for backward's recomputation of a
+        block under ``torch.utils.checkpoint(..., use_reentrant=False)`` until the next forward
+        pass with gradients (:func:`autoln.models.site.hold_for_backward`)."""
         mix = self.mixing_weights(self.draw_gumbel()) if mix is None else mix
+        graph = torch.is_grad_enabled()  # a pass without gradients saves nothing that backward recomputes
         for site, row in zip(self.sites, mix):
             site.mix = row
         try:
             return self.loss_fn(self.model, x, y)
         finally:
-            for site in self.sites:
+            for site, row in zip(self.sites, mix):
                 site.mix = None
+                if graph:
+                    hold_for_backward(site, row)
             if self._watch:
                 self._first_pass_done()
 

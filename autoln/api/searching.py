@@ -25,6 +25,7 @@ from autoln.api.search_settings import alpha_travel_warning, check_search
 from autoln.api.site_genotype import SiteGenotype, genotype_notes
 from autoln.api.sites import as_pair
 from autoln.config import SearchConfig
+from autoln.core.modes import train_mode
 from autoln.models.supernet import set_candidate_scale
 
 
@@ -65,7 +66,9 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     Args:
         model: the user's module, with :class:`autoln.models.model.Site` s of two or more candidates
             (wrapped here as a :class:`SearchModel`, its alphas drawn after ``torch.manual_seed(seed)``),
-            or a :class:`SearchModel` (used as it is); trained in place, on its own device.
+            or a :class:`SearchModel` (used as it is); trained in place, on its own device, in
+            train mode but for modules frozen in eval mode inside it, each module back in its
+            mode on return (:func:`autoln.core.modes.train_mode`).
         train_batches: ``(x, y)`` batches for the weights (re-iterated when used up).
         steps: bilevel steps; default ``cfg.steps``, and without ``cfg`` ``search.py``'s 500.
         arch_batches: ``(x, y)`` batches for the alphas (D_alpha); default: every other batch
@@ -116,8 +119,8 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
     """
     from contextlib import ExitStack
 
-    from autoln.engine.checkpoint import StopSignals, space_errors_kept
     from autoln.core.locks import FolderLock
+    from autoln.engine.checkpoint import StopSignals, space_errors_kept
 
     cfg, out = check_search(model, steps, seed, shortlist, checkpoint_every, cfg, loss_fn, on_eval, out, tensorboard, resume,
                             train_batches, arch_batches, selection_batches, valid_batches)
@@ -136,6 +139,7 @@ def search(model: nn.Module, train_batches: Iterable, *, steps: Optional[int] = 
             signals = stack.enter_context(StopSignals(out / "checkpoint.pt", resume_hint(out)))
             stack.enter_context(FolderLock(out, "autoln.search"))
             stack.enter_context(space_errors_kept(out, resume_hint(out)))
+        stack.enter_context(train_mode(model, root=model.model))  # each module's mode back as found; frozen ones kept
         outcome = _search(model, cfg, train_batches, arch_batches, selection_batches, valid_batches, seed, progress,
                           out, resume, overwrite, tensorboard, checkpoint_every, on_eval, signals, shortlist)
     outcome.notes[:0] = warnings
@@ -201,7 +205,6 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
     if on_eval is not None:
         pieces.append(EvalHook(on_eval))
     pieces.append(Progress(progress, lambda loop, stats: f"train loss {stats['loss_w']:.3f}"))
-    model.train()
     loop = SearchLoop(model, cfg, data, seed=seed, callbacks=pieces, checkpointing=checkpointing, shortlist=shortlist)
     resume_loop(loop, ckpt)
     read_off = loop.run()

@@ -26,6 +26,7 @@ from autoln.core import distributed
 from autoln.config import TrainConfig
 from autoln.data import eval_batches
 from autoln.core.errors import ConfigError, OutputError
+from autoln.core.modes import eval_mode
 from autoln.models.model import TransformerLM, weight_param_groups
 
 
@@ -241,7 +242,8 @@ def evaluate_batches(model: nn.Module, batches: Iterable, device: torch.device, 
 
     ``model(x, y)`` (``model(x, y, mix=mix)`` when ``mix``, a supernet's mixing weights in the
     layout of its ``mixing_weights``, is given) must return ``(logits, loss)``. The model is
-    put in eval mode and back. Under ``torchrun`` the sums of every process's batches are added
+    put in eval mode and each of its modules back in its own mode (:func:`autoln.core.modes.eval_mode`:
+    a module frozen in eval mode stays so). Under ``torchrun`` the sums of every process's batches are added
     up, so every process returns the same mean.
 
     With ``stderr`` it returns ``(mean, standard error)``: the standard error of the mean over
@@ -251,22 +253,20 @@ def evaluate_batches(model: nn.Module, batches: Iterable, device: torch.device, 
     Raises:
         ZeroDivisionError: no batch at all (on every process).
     """
-    was_training = model.training
-    model.eval()
     total, count, w_sum, w_sq, n_win = 0.0, 0, 0.0, 0.0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        scored = int((y >= 0).sum())  # negative targets are ignored by the loss (nanoGPT's -1 padding)
-        if not scored:
-            continue  # nothing to score: its mean loss would be 0/0 = NaN
-        logits, loss = model(x, y) if mix is None else model(x, y, mix=mix)
-        total += loss.item() * scored
-        count += scored
-        if stderr:
-            per_window = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                           reduction="none").view(y.shape).mean(1).double()
-            w_sum, w_sq, n_win = w_sum + float(per_window.sum()), w_sq + float((per_window ** 2).sum()), n_win + len(per_window)
-    model.train(was_training)
+    with eval_mode(model):
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            scored = int((y >= 0).sum())  # negative targets are ignored by the loss (nanoGPT's -1 padding)
+            if not scored:
+                continue  # nothing to score: its mean loss would be 0/0 = NaN
+            logits, loss = model(x, y) if mix is None else model(x, y, mix=mix)
+            total += loss.item() * scored
+            count += scored
+            if stderr:
+                per_window = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                               reduction="none").view(y.shape).mean(1).double()
+                w_sum, w_sq, n_win = w_sum + float(per_window.sum()), w_sq + float((per_window ** 2).sum()), n_win + len(per_window)
     total, count, w_sum, w_sq, n_win = distributed.all_sum([total, count, w_sum, w_sq, n_win], device)
     if not stderr:
         return total / count

@@ -12,13 +12,40 @@ Shapes: hidden states ``(B, T, d_model)``; mixing weights ``(K,)`` over a site's
 from __future__ import annotations
 
 import difflib
+import weakref
 from collections import abc
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from autoln.core.modes import eval_mode
 from autoln.space.placements import NORMS, build_placement, placement_names
+
+#: Each searched site's mixing weights of the last :class:`autoln.api.SearchModel` forward pass,
+#: held after it returns for backward's recomputation of a block under ``torch.utils.checkpoint``
+#: (:func:`hold_for_backward`); outside the module, so that a copy or a pickle of the model does
+#: not carry a tensor of the autograd graph.
+_HELD: "weakref.WeakKeyDictionary[nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def hold_for_backward(site: nn.Module, weights: Optional[torch.Tensor]) -> None:
+    """Keep ``weights`` ``(K,)`` (or drop them, None) as ``site``'s mixing weights for backward's
+    recomputation of its block (activation checkpointing, ``use_reentrant=False``): the backward
+    pass reruns the block's forward after :class:`autoln.api.SearchModel` has cleared
+    :attr:`Site.mix`, and the rerun must mix as the forward pass did."""
+    if weights is None:
+        _HELD.pop(site, None)
+    else:
+        _HELD[site] = weights
+
+
+def in_backward() -> bool:
+    """True while autograd's engine runs a backward pass in this thread (where
+    ``torch.utils.checkpoint`` recomputes a block)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
 
 def check_site_args(candidates: Sequence[str], d_model: int, n_layers: int, layer: int, norm: str = "layernorm") -> None:
     """Refuse :class:`Site` arguments that would fail later without naming themselves (e.g.
@@ -150,17 +177,31 @@ class Site(nn.Module):
         (when there are several: given, or set in :attr:`mix` by the search; ignored with one).
         Returns ``(B, T, d_model)``.
 
+        A block under ``torch.utils.checkpoint(..., use_reentrant=False)`` works: when backward
+        reruns it, the site mixes with the weights of the forward pass that built the graph
+        (:func:`hold_for_backward`), so the gradients are those without checkpointing.
+
         Raises:
             ValueError: several candidates and no mixing weights (a searched site used outside
-                :class:`autoln.api.SearchModel`, or not derived).
+                :class:`autoln.api.SearchModel`, or not derived); mixing weights that carry a
+                gradient met with gradients off (a ``torch.utils.checkpoint`` with
+                ``use_reentrant=True``, or ``torch.no_grad`` inside the model's forward), where
+                the alphas would get none.
         """
         placements = list(self.placements.values())
         if len(placements) == 1:
             return placements[0].output(x, self.call_branch(branch, placements[0].branch_input(x)))
         weights = self.mix if weights is None else weights
+        if weights is None and in_backward():
+            weights = _HELD.get(self)
         if weights is None:
             raise ValueError(f"a site with several candidates ({list(self.placements)}) needs mixing weights: run the model "
                              "inside autoln.SearchModel, or autoln.derive it to one placement first")
+        if weights.requires_grad and not torch.is_grad_enabled():
+            where = f"autoln.Site {self.name!r}" if self.name else "autoln.Site"
+            raise ValueError(f"{where} runs with gradients off inside a search's forward pass (torch.utils.checkpoint with "
+                             "use_reentrant=True, or torch.no_grad in the model), so the alphas would get no gradient: "
+                             "use torch.utils.checkpoint(..., use_reentrant=False), which the search supports")
         fx = [None] * len(placements)
         for group in self.input_groups():
             out = self.call_branch(branch, placements[group[0]].branch_input(x))
@@ -224,16 +265,14 @@ def output_scales(names: Sequence[str], outputs: Sequence[torch.Tensor], weights
 def candidate_scales(model: nn.Module, x: torch.Tensor, forward: Callable[[torch.Tensor], Any]) -> dict[str, dict]:
     """Every searched site's candidate output RMS and share of the mixture (:func:`output_scales`)
     in one forward pass ``forward(x)`` of ``model`` in eval mode (``x``: token ids ``(B, T)``),
-    by the site's module name. The model's mode is restored."""
+    by the site's module name. Each module's mode is restored (:func:`autoln.core.modes.eval_mode`)."""
     sites = {n: m for n, m in model.named_modules() if isinstance(m, Site) and len(m.placements) > 1}
-    was_training = model.training
-    model.eval()
     for site in sites.values():
         site.probe = []
     try:
-        forward(x)
+        with eval_mode(model):
+            forward(x)
         return {n: site.probe[0] for n, site in sites.items() if site.probe}
     finally:
         for site in sites.values():
             site.probe = None
-        model.train(was_training)

@@ -14,6 +14,7 @@ import torch
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from autoln.core.modes import eval_mode
 from autoln.space.mixing import site_entropy
 from autoln.models.model import full_precision
 from autoln.models.supernet import Supernet
@@ -38,18 +39,13 @@ def alpha_hessian(model: Supernet, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     SDPA's math backend, which supports double backward, in fp32 and with compiled blocks run
     eagerly (compiled graphs have no double backward).
     """
-    was_training = model.training
-    model.eval()
     alphas = model.alphas.detach()
 
     def loss(a: torch.Tensor) -> torch.Tensor:
         return functional_call(model, {"alphas": a}, (x, y))[1]
 
-    try:
-        with sdpa_kernel(SDPBackend.MATH), full_precision(model), torch.compiler.set_stance("force_eager"):
-            h = torch.autograd.functional.hessian(loss, alphas)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), sdpa_kernel(SDPBackend.MATH), full_precision(model), torch.compiler.set_stance("force_eager"):
+        h = torch.autograd.functional.hessian(loss, alphas)
     n = alphas.numel()
     h = h.reshape(n, n)
     return 0.5 * (h + h.T)

@@ -15,6 +15,10 @@ sibling module ``<prefix>.attn`` and ``<prefix>.mlp_site`` wraps ``<prefix>.mlp`
 - every other ``nn.Linear`` weight except query and key projections (named ``q``, ``k``,
   ``q_proj``, ``k_proj``, ``query``, ``key``, ``wq``, ``wk``, ``to_q``, ``to_k``): nanoGPT's
   ``attn.c_proj``, ``mlp.c_fc`` and ``mlp.c_proj``; LLaMA's ``wv``, ``wo``, ``w1``, ``w2``, ``w3``.
+
+A branch module shared by several blocks (one ``attn`` called by every block, as ALBERT shares
+its layers) is found under each of its names, and :func:`scale_once` gives each of its weights
+the gain once, however many DeepNorm sites return it.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ SITE_SUFFIX = "_site"
 
 def branch_of(model: nn.Module, site_name: str) -> tuple[str, nn.Module]:
     """``(name, module)`` of the branch the site ``site_name`` wraps: its sibling named as the
-    site without ``_site`` (``transformer.h.0.attn_site`` -> ``transformer.h.0.attn``).
+    site without ``_site`` (``transformer.h.0.attn_site`` -> ``transformer.h.0.attn``), under any
+    of its names: a module shared by several blocks is the sibling of each block's site.
 
     Raises:
         ValueError: the site's name does not end in ``_site``, or the model has no such sibling
             module; the line says to name the weights with ``deepnorm_weights=``."""
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))  # a shared module under each of its names
     if not site_name.endswith(SITE_SUFFIX) or site_name[:-len(SITE_SUFFIX)] not in modules:
         raise ValueError(f"DeepNorm's init gain: cannot find the branch of site {site_name!r} (a site 'X_site' is read as "
                          f"wrapping its sibling module 'X'); name its weights: autoln.derive(model, genotype, "
@@ -75,3 +80,38 @@ def deepnorm_weights(model: nn.Module, site_name: str) -> list[torch.Tensor]:
         raise ValueError(f"DeepNorm's init gain: the branch {branch_name!r} of site {site_name!r} holds no nn.Linear weight "
                          f"to scale; name them: autoln.derive(model, genotype, deepnorm_weights=lambda site: [...])")
     return found
+
+
+def scale_once(claims: list[tuple[str, torch.Tensor, float]]) -> None:
+    """Multiply each weight of ``claims`` (``(site name, weight or view, gain)``, in order) by its
+    site's DeepNorm gain ``b``, every element once: a weight (or an overlapping view of it) that
+    several sites return, because they share one branch module or the caller named the same
+    tensor twice, is scaled by ``b``, not ``b`` to the power of the number of sites (DeepNet's
+    initialisation scales each of a branch's value, output and FFN weights once). In place,
+    under ``torch.no_grad``.
+
+    Raises:
+        ValueError: two sites with different gains (different ``n_layers``) claim one element;
+            checked before any weight is changed."""
+    seen: dict[tuple, tuple[torch.Tensor, str, float]] = {}  # storage -> (element mask, first site, its gain)
+    plan = []
+    for site, weight, gain in claims:
+        storage = weight.untyped_storage()
+        key = (weight.device, storage.data_ptr())
+        if key not in seen:
+            seen[key] = (torch.zeros(storage.nbytes() // weight.element_size(), dtype=torch.bool, device=weight.device), site, gain)
+        mask, first, first_gain = seen[key]
+        marks = mask.as_strided(weight.shape, weight.stride(), weight.storage_offset())
+        if bool(marks.any()) and abs(gain - first_gain) > 1e-12 * max(abs(gain), abs(first_gain)):
+            raise ValueError(f"DeepNorm's init gain: sites {first!r} and {site!r} share a branch weight {tuple(weight.shape)} but "
+                             f"not their gain ({first_gain:.6g} against {gain:.6g}: different n_layers); give both sites the "
+                             "model's number of blocks N")
+        plan.append((weight, gain, marks.clone()))
+        marks.fill_(True)
+    with torch.no_grad():
+        for weight, gain, done in plan:
+            if not bool(done.any()):
+                weight.mul_(gain)
+            elif not bool(done.all()):
+                weight.mul_(torch.where(done, torch.ones((), dtype=weight.dtype, device=weight.device),
+                                        torch.full((), gain, dtype=weight.dtype, device=weight.device)))
