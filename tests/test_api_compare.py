@@ -110,6 +110,7 @@ def test_ties_follow_the_rule_of_retrain_compare():
     one = CompareRow("x", "pre", [2.0])
     assert not is_tie(one.values, [2.1]) and "one seed" in verdict(one, CompareRow("all-pre", "pre", [2.1]))
     assert is_tie(one.values, [2.0])  # one seed tells no noise, but equal values are equal (the values' resolution)
+    assert verdict(one, CompareRow("all-pre", "pre", [2.0])) == "x ties all-pre: 2.0000 against 2.0000 nats/token, gap +0.0000 (equal)"
     assert math.isclose(a.std, 0.02)
 
 

@@ -29,7 +29,7 @@ from autoln.api.sites import as_number, as_pair, check_build, check_names, searc
 from autoln.config import RetrainConfig
 from autoln.core.errors import GenotypeError, cut
 from autoln.core.modes import train_mode
-from autoln.retrain.ranking import is_tie, mean_std, stats, vs_best
+from autoln.retrain.ranking import RESOLUTION, is_tie, mean_std, stats, vs_best
 from autoln.engine.training import on_terminal, progress_bar
 
 
@@ -95,11 +95,13 @@ Genotypes = Union[SiteGenotype, Mapping[str, SiteGenotype]]
 
 def verdict(row: CompareRow, other: CompareRow, unit: str = "nats/token") -> str:
     """``row`` against ``other`` in words: ``beats``, ``ties`` or ``loses to``, with the gap of
-    the means in ``unit`` (one seed: no tie is called, the line says it is one seed)."""
+    the means in ``unit`` (one seed: no tie is called unless the values are equal within
+    :data:`autoln.retrain.ranking.RESOLUTION`, and the line says it is one seed)."""
     gap = row.mean - other.mean
     tie = is_tie(row.values, other.values)
     word = "ties" if tie else "beats" if gap < 0 else "loses to"
-    within = " (within one std)" if tie else "" if len(row.values) > 1 else " (one seed: a look, not a result)"
+    within = (" (equal)" if abs(gap) < RESOLUTION else " (within one std)") if tie else \
+        "" if len(row.values) > 1 else " (one seed: a look, not a result)"
     return f"{row.name} {word} {other.name}: {row.mean:.4f} against {other.mean:.4f} {unit}, gap {gap:+.4f}{within}"
 
 
