@@ -22,7 +22,7 @@ from autoln.core.commands import again_command, resume_command, script_line, ten
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
     p = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
-                "search", "runs/search-<timestamp>; with --tune runs/tune-<tune.study_name>")
+                "search", "runs/search-<UTC time>Z; with --tune runs/tune-<tune.study_name>")
     p.add_argument("--tune", action="store_true",
                    help="run the Optuna outer loop (section tune): each trial is one search; re-running resumes the study")
     p.add_argument("--seeds", type=int, metavar="N",

@@ -374,10 +374,16 @@ def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def utc_stamp() -> str:
+    """The current time in UTC as ``YYYYmmdd-HHMMSSZ`` (``Z``: UTC): names made from it sort in
+    the order they were made, whatever the time zone of the machine or of ``TZ``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%SZ")
+
+
 def default_out_dir(kind: str, tag: str = "") -> Path:
-    """``runs/<kind>[-<tag>]-<YYYYmmdd-HHMMSS>`` under the current folder."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / "-".join(p for p in (kind, tag, stamp) if p)
+    """``runs/<kind>[-<tag>]-<YYYYmmdd-HHMMSS>Z`` under the current folder, the time in UTC
+    (:func:`utc_stamp`), so that ``ls -d runs/search-* | tail -n 1`` is the newest search."""
+    return Path("runs") / "-".join(p for p in (kind, tag, utc_stamp()) if p)
 
 
 def environment() -> dict[str, str]:
