@@ -70,3 +70,53 @@ def test_the_readme_s_newest_folder_idiom_holds_and_the_names_are_documented_as_
     usage = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
     assert "`runs/search-<YYYYmmdd-HHMMSS>Z` and `runs/retrain[-<baseline>]-<YYYYmmdd-HHMMSS>Z`, the time\n  in UTC (`Z`)" in usage
     assert "runs/search-20261203-160000Z/genotype.json" in (ROOT / "docs" / "race.md").read_text(encoding="utf-8")
+
+
+# --- the small ones: a line that names what was given and why it does not do what was meant -----
+
+
+def tiny_args(tmp_path) -> list[str]:
+    """The tiny config on a small text corpus (the README), cached under ``tmp_path``."""
+    text = tmp_path / "text.txt"
+    if not text.exists():
+        text.write_text((ROOT / "README.md").read_text(encoding="utf-8") * 3, encoding="utf-8")
+    return ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.corpus={text}",
+            "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set", "logging.progress=false"]
+
+
+def test_more_workers_than_cores_is_said_in_one_line(monkeypatch, capsys):
+    import operator
+
+    from autoln.engine import workers
+
+    assert workers.oversubscribed_line(5, 2) == (
+        "note: --workers 5 on 2 cores: the 5 processes share the cores (one thread each) and take turns on them, which is "
+        "no faster than --workers 2 and often slower; the results are the same")
+    assert workers.oversubscribed_line(2, 2) is None and workers.oversubscribed_line(1, 1) is None
+    monkeypatch.setattr(workers, "usable_cores", lambda: 1)
+    assert workers.run_in_processes(operator.add, [(10,), (20,)], 2) == [11, 21]  # each call gets its 1 thread
+    err = capsys.readouterr().err
+    assert err.count("note: --workers 2 on 1 core:") == 1
+    assert workers.run_in_processes(operator.add, [(10,)], 2) == [11]  # one call: one process, nothing to say
+    assert "note: --workers" not in capsys.readouterr().err
+
+
+def test_tune_s_worker_processes_say_it_too(tmp_path, monkeypatch, capsys):
+    """``search.py --tune --workers N`` starts its own processes (autoln.tune.workers): the same line
+    before the first one starts (here the first start fails, so nothing runs)."""
+    import multiprocessing
+
+    from autoln.config import load_config
+    from autoln.engine import workers
+    from autoln.tune import workers as tune_workers
+
+    class Started(Exception):
+        pass
+
+    def process(**kwargs):
+        raise Started()
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(multiprocessing, "get_context", lambda kind: types.SimpleNamespace(Process=process))
+    with pytest.raises(Started):
+        tune_workers._run_processes(load_config(None, []), tmp_path, 5, None)
+    assert "note: --workers 5 on 2 cores: the 5 processes share the cores" in capsys.readouterr().err
