@@ -120,3 +120,29 @@ def test_tune_s_worker_processes_say_it_too(tmp_path, monkeypatch, capsys):
     with pytest.raises(Started):
         tune_workers._run_processes(load_config(None, []), tmp_path, 5, None)
     assert "note: --workers 5 on 2 cores: the 5 processes share the cores" in capsys.readouterr().err
+
+
+def test_a_schema_mismatch_names_the_storage_s_own_url(tmp_path):
+    import sqlite3
+
+    import optuna
+
+    from autoln.config import load_config
+    from autoln.core.errors import ConfigError
+    from autoln.tune.storage import open_storage, storage_error_text
+
+    db = tmp_path / "old.db"
+    url = f"sqlite:///{db}"
+    optuna.storages.RDBStorage(url)  # the tables, then an older schema's revision, as an old optuna left them
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'v3.0.0.d'")
+    with pytest.raises(ConfigError) as caught:
+        open_storage(load_config(None, ["tune.storage=" + url]), tmp_path)
+    text = str(caught.value)
+    assert "$STORAGE_URL" not in text and f"storage upgrade --storage {url}` for upgrading the storage" in text
+    assert len(text.splitlines()) == 1
+    secret = RuntimeError("The runtime optuna version 5.1.0 is no longer compatible with the table schema (set up by optuna "
+                          "4.0.0). Please execute `$ optuna storage upgrade --storage $STORAGE_URL` for upgrading the storage.")
+    shown = storage_error_text(secret, "postgresql+psycopg2://ann:hunter2@db.example:5432/studies")
+    assert "hunter2" not in shown and "--storage 'postgresql+psycopg2://ann:***@db.example:5432/studies'`" in shown
+    assert storage_error_text(RuntimeError("x" * 400 + "\nmore"), url) == "x" * 300

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -213,7 +214,19 @@ def open_storage(cfg: Config, out: Path):
         if "DB access module" in str(exc) and tc.storage.startswith("postgresql://"):
             hint = f" (name the driver: postgresql+psycopg2://..., installed by {pip_extra('postgres')})"
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: cannot open the database: "
-                          f"{str(exc).splitlines()[0][:300]}{hint}") from None
+                          f"{storage_error_text(exc, tc.storage)}{hint}") from None
+
+
+def storage_error_text(exc: BaseException, url: str) -> str:
+    """The first line of the error ``exc`` that opening the storage at ``url`` raised, cut to 300
+    characters; Optuna's schema mismatch (``... execute `$ optuna storage upgrade --storage
+    $STORAGE_URL` ...``) whole, with the URL itself in place of its placeholder (the password
+    masked, :func:`_redact`) and the ``optuna`` script beside this interpreter."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "$STORAGE_URL" not in text:
+        return text[:300]
+    optuna_script = beside_python("optuna", "optuna")
+    return text.replace("`$ optuna ", f"`{optuna_script} ").replace("$STORAGE_URL", shlex.quote(_redact(url)))
 
 
 def retry_callback(cfg: Config):
