@@ -146,3 +146,19 @@ def test_a_schema_mismatch_names_the_storage_s_own_url(tmp_path):
     shown = storage_error_text(secret, "postgresql+psycopg2://ann:hunter2@db.example:5432/studies")
     assert "hunter2" not in shown and "--storage 'postgresql+psycopg2://ann:***@db.example:5432/studies'`" in shown
     assert storage_error_text(RuntimeError("x" * 400 + "\nmore"), url) == "x" * 300
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_an_out_that_is_a_link_to_nothing_names_the_link_and_its_target(tmp_path, below, capsys):
+    from autoln import cli
+
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "gone" / "runs")
+    out = link / "search" if below else link
+    assert cli.search_main([*tiny_args(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --out {out}: {link} is a symbolic link to {tmp_path / 'gone' / 'runs'}, which does not exist; "
+                   "create that folder, or choose another --out")
+    assert cli.search_main([*tiny_args(tmp_path), "--tune", "--out", str(out)]) == 2
+    assert f"{link} is a symbolic link to {tmp_path / 'gone' / 'runs'}, which does not exist" in capsys.readouterr().err
+    assert link.is_symlink() and not (tmp_path / "gone").exists()  # nothing was created

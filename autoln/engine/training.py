@@ -26,6 +26,7 @@ from autoln.core import distributed
 from autoln.config import TrainConfig
 from autoln.data import eval_batches
 from autoln.core.errors import ConfigError, OutputError
+from autoln.core.io import missing_link
 from autoln.models.model import TransformerLM, weight_param_groups
 
 
@@ -324,7 +325,8 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     every other command refuses such a folder, even with ``overwrite``.
 
     Raises:
-        OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
+        OutputError: ``out`` or an ancestor is a file or a symbolic link to nothing
+            (:func:`autoln.core.io.missing_link`), the nearest existing ancestor is not
             writable, ``out`` holds a tuning study (unless ``study_ok``), or ``out`` holds a
             finished run or an interrupted one (a checkpoint: ``--resume`` continues it) and
             ``overwrite`` is False.
@@ -332,6 +334,9 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")
+    link = missing_link(out)
+    if link is not None:
+        raise OutputError(f"--out {out}: {link}; create that folder, or choose another --out")
     study = [m for m in STUDY_MARKERS if (out / m).exists()]
     if study and not study_ok:
         raise OutputError(f"--out {out} holds a tuning study ({study[0]}); choose another folder")
