@@ -162,3 +162,16 @@ def test_an_out_that_is_a_link_to_nothing_names_the_link_and_its_target(tmp_path
     assert cli.search_main([*tiny_args(tmp_path), "--tune", "--out", str(out)]) == 2
     assert f"{link} is a symbolic link to {tmp_path / 'gone' / 'runs'}, which does not exist" in capsys.readouterr().err
     assert link.is_symlink() and not (tmp_path / "gone").exists()  # nothing was created
+
+
+@pytest.mark.parametrize("value", ["0", "abc"])
+def test_the_busy_note_says_an_invalid_omp_num_threads_was_ignored(value, monkeypatch):
+    from autoln.models.resources import busy_line
+
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert busy_line(threads=2, load=5.25, cores=2) == (
+        "note: the machine is busy (load 5.2 on 2 cores): with 2 threads this run's threads wait on each other and it may "
+        "take several times as long; give each run one thread (OMP_NUM_THREADS=1 before the command); "
+        f"OMP_NUM_THREADS={value!r} now is not a positive integer, so it was ignored and the run took 2 threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a valid value: only the advice
+    assert busy_line(threads=2, load=5.25, cores=2).endswith("(OMP_NUM_THREADS=1 before the command)")
