@@ -175,3 +175,18 @@ def test_the_busy_note_says_an_invalid_omp_num_threads_was_ignored(value, monkey
         f"OMP_NUM_THREADS={value!r} now is not a positive integer, so it was ignored and the run took 2 threads")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a valid value: only the advice
     assert busy_line(threads=2, load=5.25, cores=2).endswith("(OMP_NUM_THREADS=1 before the command)")
+
+
+def test_resume_of_an_empty_folder_is_refused_as_a_missing_one_is(tmp_path, capsys):
+    from autoln import cli
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.search_main([*tiny_args(tmp_path), "--out", str(empty), "--resume"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --resume: {empty} is not a run folder (it is empty): there is nothing "
+                                               "to resume; start the run without --resume")
+    assert list(empty.iterdir()) == []  # nothing was started in it
+    assert cli.retrain_main([*tiny_args(tmp_path), "--genotype", "all-pre", "--out", str(empty), "--resume"]) == 2
+    assert f"error: --resume: {empty} is not a run folder (it is empty)" in capsys.readouterr().err
+    assert cli.search_main([*tiny_args(tmp_path), "--out", str(tmp_path / "missing"), "--resume"]) == 2
+    assert f"error: --resume: {tmp_path / 'missing'} is not a run folder (it does not exist)" in capsys.readouterr().err
