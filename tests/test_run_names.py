@@ -89,16 +89,16 @@ def test_more_workers_than_cores_is_said_in_one_line(monkeypatch, capsys):
 
     from autoln.engine import workers
 
-    assert workers.oversubscribed_line(5, 2) == (
-        "note: --workers 5 on 2 cores: the 5 processes share the cores (one thread each) and take turns on them, which is "
-        "no faster than --workers 2 and often slower; the results are the same")
-    assert workers.oversubscribed_line(2, 2) is None and workers.oversubscribed_line(1, 1) is None
     monkeypatch.setattr(workers, "usable_cores", lambda: 1)
     assert workers.run_in_processes(operator.add, [(10,), (20,)], 2) == [11, 21]  # each call gets its 1 thread
     err = capsys.readouterr().err
     assert err.count("note: --workers 2 on 1 core:") == 1
     assert workers.run_in_processes(operator.add, [(10,)], 2) == [11]  # one call: one process, nothing to say
     assert "note: --workers" not in capsys.readouterr().err
+    assert workers.oversubscribed_line(5, 2) == (
+        "note: --workers 5 on 2 cores: the 5 processes share the cores (one thread each) and take turns on them, which is "
+        "no faster than --workers 2 and often slower; the results are the same")
+    assert workers.oversubscribed_line(2, 2) is None and workers.oversubscribed_line(1, 1) is None
 
 
 def test_tune_s_worker_processes_say_it_too(tmp_path, monkeypatch, capsys):
@@ -129,7 +129,7 @@ def test_a_schema_mismatch_names_the_storage_s_own_url(tmp_path):
 
     from autoln.config import load_config
     from autoln.core.errors import ConfigError
-    from autoln.tune.storage import open_storage, storage_error_text
+    from autoln.tune.storage import open_storage
 
     db = tmp_path / "old.db"
     url = f"sqlite:///{db}"
@@ -141,6 +141,8 @@ def test_a_schema_mismatch_names_the_storage_s_own_url(tmp_path):
     text = str(caught.value)
     assert "$STORAGE_URL" not in text and f"storage upgrade --storage {url}` for upgrading the storage" in text
     assert len(text.splitlines()) == 1
+    from autoln.tune.storage import storage_error_text
+
     secret = RuntimeError("The runtime optuna version 5.1.0 is no longer compatible with the table schema (set up by optuna "
                           "4.0.0). Please execute `$ optuna storage upgrade --storage $STORAGE_URL` for upgrading the storage.")
     shown = storage_error_text(secret, "postgresql+psycopg2://ann:hunter2@db.example:5432/studies")
