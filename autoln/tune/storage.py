@@ -115,8 +115,12 @@ def journal_backend(path: Path):
     the file is still the one it opened (:attr:`file`, a :class:`StorageFile`). Optuna's own
     backend re-creates a removed journal at its next append, as a journal without the study's
     first records: its next read fails (``json ... Extra data``, its offsets point into the old
-    file), and a re-run would read that headless file as the study."""
+    file), and a re-run would read that headless file as the study. A record Optuna's reader
+    refuses raises :class:`autoln.tune.journal.JournalDamaged`, naming its line, in place of
+    Optuna's bare ``JSONDecodeError``."""
     from optuna.storages.journal import JournalFileBackend
+
+    from autoln.tune.journal import JournalDamaged, first_damage
 
     class WatchedJournalFile(JournalFileBackend):
         def __init__(self, file_path: str) -> None:
@@ -127,8 +131,11 @@ def journal_backend(path: Path):
             self.file.check()
             try:
                 yield from super().read_logs(log_number_from)
-            except (OSError, ValueError):  # removed or replaced while being read
+            except (OSError, ValueError) as exc:  # removed or replaced while being read, or a damaged record
                 self.file.check()
+                damage = first_damage(self.file.path.read_bytes(), blank_ok=False) if isinstance(exc, ValueError) else None
+                if damage is not None:
+                    raise JournalDamaged(self.file.path, *damage) from None
                 raise
 
         def append_logs(self, logs) -> None:

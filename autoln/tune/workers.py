@@ -19,6 +19,7 @@ from autoln.config import Config
 from autoln.core.errors import AutolnError, ConfigError
 from autoln.core.locks import check_held
 from autoln.engine.workers import oversubscribed_line, threads_per_worker
+from autoln.tune.journal import JournalDamaged
 from autoln.tune.objective import Objective
 from autoln.tune.storage import StorageFull, StorageGone, open_study, retry_callback
 from autoln.tune.study import _optuna, census
@@ -99,6 +100,9 @@ def _worker_entry(cfg: Config, out: str, rank: int, threads: int) -> None:
     except StorageFull as full:
         print(f"error: worker rank {rank}: cannot write {full.path} (the study's {full.what}): {full.cause.strerror}",
               file=sys.stderr)
+        sys.exit(2)
+    except JournalDamaged as damaged:
+        print(f"error: worker rank {rank}: {damaged}", file=sys.stderr)
         sys.exit(2)
     except AutolnError as exc:
         print(f"error: worker rank {rank}: {exc}", file=sys.stderr)
