@@ -119,6 +119,92 @@ def journal(out: Path) -> Path:
 # --- the journal, damaged or busy; the other records of a run ---------------------------------
 
 
+def test_a_torn_last_record_and_a_stale_journal_lock_are_repaired_with_a_line(searched, whole, monkeypatch, capsys):
+    """A command killed during an append: the last record cut short and Optuna's journal lock left
+    behind. The resume moves the torn record aside (the journal as it was kept beside it), removes
+    the lock at once, and ends with the uninterrupted race's answer; no finished retrain reruns."""
+    out, before = stopped(searched, "torn", monkeypatch)
+    lines = journal(out).read_bytes().split(b"\n")
+    torn = lines[-2][: len(lines[-2]) // 2]  # half of a record, as a killed write leaves it
+    with open(journal(out), "ab") as fh:
+        fh.write(torn)
+    damaged = journal(out).read_bytes()
+    os.symlink(journal(out), str(journal(out)) + ".lock")
+    capsys.readouterr()
+    code, after = resume(searched, out, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert f"[race] removed {journal(out)}.lock, a journal lock left by a killed command" in err
+    assert not os.path.lexists(str(journal(out)) + ".lock")
+    (backup,) = (out / "race").glob("study.journal.*.bak")
+    assert backup.read_bytes() == damaged and not journal(out).read_bytes().endswith(torn)
+    assert (f"[race] repaired {journal(out)}: its last record was cut short ({len(torn)} bytes, line {len(lines)}: a command "
+            f"killed while appending it), so it was cut off and what it recorded is redone; the journal as it was is kept in "
+            f"{backup}") in err
+    assert "Traceback" not in err and not set(before) & set(after)  # no finished retrain ran again
+    assert jobs(out) == jobs(whole)
+
+
+def test_a_blank_line_is_dropped_with_a_line(searched, whole, monkeypatch, capsys):
+    out, before = stopped(searched, "blank", monkeypatch)
+    lines = journal(out).read_bytes().split(b"\n")
+    journal(out).write_bytes(b"\n".join(lines[:3] + [b""] + lines[3:]))
+    capsys.readouterr()
+    code, after = resume(searched, out, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert (f"[race] repaired {journal(out)}: 1 blank line(s) (line 4), which hold no record and which Optuna's reader "
+            "refuses, were dropped") in err
+    assert not set(before) & set(after) and jobs(out) == jobs(whole)
+
+
+@pytest.mark.parametrize("how", ["run together", "torn then whole"])
+def test_a_damaged_record_in_the_middle_is_one_line_and_its_way_on_loses_no_retrain(searched, whole, monkeypatch, capsys, how):
+    out, before = stopped(searched, "middle-" + how.replace(" ", "-"), monkeypatch)
+    lines = journal(out).read_bytes().split(b"\n")
+    first = lines[4] if how == "run together" else lines[4][:20]  # whole, or cut short by a killed append
+    journal(out).write_bytes(b"\n".join(lines[:4] + [first + lines[5]] + lines[6:]))
+    damaged = journal(out).read_bytes()
+    capsys.readouterr()
+    code, _ = resume(searched, out, monkeypatch)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err[-3000:]
+    what = (f"two records run together (the second starts at column {len(lines[4]) + 1})" if how == "run together" else
+            "a record cut short (its first 20 bytes) with a whole record run on after it, as a command killed while "
+            "appending leaves it once another appends")
+    assert err.startswith(f"error: {journal(out)}, line 5 of {len(lines) - 2}: {what}, so the study cannot be read past it "
+                          "(the file was left as it is). To go on, move it aside and run the command again: the study starts "
+                          "anew, and the race's finished retrains are read back from their folders")
+    assert f"mv {journal(out)} {journal(out)}.damaged && " in err and "--resume" in err.split("&&")[-1]
+    assert journal(out).read_bytes() == damaged  # nothing changed
+    os.replace(journal(out), str(journal(out)) + ".damaged")  # the way on
+    code, after = resume(searched, out, monkeypatch)
+    assert code == 0 and not set(before) & set(after) and jobs(out) == jobs(whole)
+
+
+def test_a_record_damaged_while_the_race_runs_is_one_line(searched, whole, monkeypatch, capsys):
+    """Optuna's reader meets a damaged record as the race runs (here a blank line written after the
+    second retrain, which Optuna's next record follows): one line naming the file and the line,
+    not a JSONDecodeError; the resume drops the blank line and ends with the same answer."""
+    out = copy(searched, "while")
+    seen = {}
+
+    def blank(setup, n):
+        if n == 2:
+            with open(journal(setup.folder), "ab") as fh:
+                fh.write(b"\n")
+            seen["line"] = journal(setup.folder).read_bytes().count(b"\n")
+    trained: list = []
+    monkeypatch.setattr(run_race, "run_job", reusing_job(trained, hook=blank))
+    assert cli.search_main([*searched[1], "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {journal(out)}, line {seen['line']} of " in err and ": a blank line, which holds no record, so the study" in err
+    assert "Run the command again: it drops the blank line (keeping the journal as it was beside it) and goes on: " in err
+    assert "Traceback" not in err and "JSONDecodeError" not in err
+    code, after = resume(searched, out, monkeypatch)
+    assert code == 0 and not set(trained) & set(after) and jobs(out) == jobs(whole)
+
+
 def test_a_last_record_that_lacks_only_its_newline_is_kept_and_a_whole_journal_is_left_alone(tmp_path):
     """Optuna's reader skips a last line without its newline, and its next append runs on after
     it: a last record that is whole but for its newline gets it (nothing is lost); a whole

@@ -49,17 +49,16 @@ from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabili
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
+from autoln.race.resume import GENOTYPE_FILE, RACE_DIR, SUPERNET_FILE, journal_message, ready_race_journal
 from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin, rung_steps
 from autoln.race.schedule import Plan, most_steps, plan, proposal_names, steps_done
 from autoln.race.figure import race_figure
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
 from autoln.tune import open_storage, write_hparams
+from autoln.tune.journal import JournalDamaged
 
-RACE_DIR = "race"
 RACE_FILE = "race.json"
-SUPERNET_FILE = "supernet_genotype.json"
-GENOTYPE_FILE = "genotype.json"
 POLL_S = 1.0
 
 
@@ -394,7 +393,10 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
 
     Raises:
         OutputError: no finished search in ``folder``; another process holds ``folder/race`` (a
-            journal study; with an RDB ``tune.storage`` every machine's command joins the race).
+            journal study; with an RDB ``tune.storage`` every machine's command joins the race);
+            its journal holds a damaged record before its last (a last record cut short, a
+            stale journal lock and blank lines are repaired, with a line that says so:
+            :mod:`autoln.tune.journal`).
         ConfigError: the storage cannot be opened or holds this race with other settings.
         Interrupted: SIGINT or SIGTERM (the running retrain keeps its checkpoint; ``search.py
             --resume`` continues the race).
@@ -404,21 +406,34 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
     setup = setup_race(cfg, folder)
     # a journal file is this machine's: one command at a time; an RDB study takes every machine's workers
     with FolderLock(folder / RACE_DIR, "race", enabled=cfg.tune.storage is None):
-        study = open_race_study(setup)
-        if cfg.tune.storage is None:
-            left = fail_left_running(study)
-            if left:
-                print(f"[race] trials {left} were left running by a stopped run; they continue from their checkpoints",
-                      file=sys.stderr)
-        describe_pool(setup)
-        if workers > 1:
-            from autoln.engine.workers import run_in_processes
-
-            run_in_processes(_worker_entry, [(setup, i) for i in range(workers)], workers)
-        else:
-            worker(setup)
-        values, _, info = measured(study)
+        try:
+            values, info = race_values(setup, workers)
+        except JournalDamaged as damaged:  # Optuna's reader met it while the race ran
+            raise OutputError(journal_message(damaged, folder)) from None
     return finish_race(setup, values, info)
+
+
+def race_values(setup: RaceSetup, workers: int) -> tuple[dict, dict]:
+    """The race's retrains run (the caller holds the race folder): the journal made ready
+    (:func:`autoln.race.resume.ready_race_journal`), the study opened, the trials a stopped run
+    left running failed, the pool said, the workers run. Returns :func:`measured`'s values and info."""
+    if setup.cfg.tune.storage is None:
+        ready_race_journal(setup.folder)
+    study = open_race_study(setup)
+    if setup.cfg.tune.storage is None:
+        left = fail_left_running(study)
+        if left:
+            print(f"[race] trials {left} were left running by a stopped run; they continue from their checkpoints",
+                  file=sys.stderr)
+    describe_pool(setup)
+    if workers > 1:
+        from autoln.engine.workers import run_in_processes
+
+        run_in_processes(_worker_entry, [(setup, i) for i in range(workers)], workers)
+    else:
+        worker(setup)
+    values, _, info = measured(study)
+    return values, info
 
 
 def describe_pool(setup: RaceSetup) -> None:
