@@ -274,3 +274,66 @@ def test_a_damaged_comparison_record_s_way_on_redoes_no_finished_run(tmp_path, m
     os.replace(out / "compare.json", out / "compare.json.damaged")  # the way on
     assert run_compare(cfg, [], ["all-pre"], 1, out)[0].runs[0]["valid"] == first["valid"]
     assert metrics.stat().st_mtime_ns == made  # reused, not retrained
+
+
+# --- a resume with other settings ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sets, named", [
+    (("race.final_seeds=2",), "race.final_seeds: 3 then, 2 now"),
+    (("retrain.lr=0.003",), "retrain.lr: 0.002 then, 0.003 now"),
+    (("retrain.steps=90",), "retrain.steps: 30 then, 90 now"),
+    (("race.eta=2", "retrain.seed=7"), "retrain.seed: 0 then, 7 now; race.eta: 3 then, 2 now"),
+])
+def test_a_race_resumed_with_other_settings_names_each_key_with_both_values(searched, monkeypatch, capsys, sets, named):
+    out, _ = stopped(searched, "other-" + sets[0].replace("=", "-"), monkeypatch)
+    capsys.readouterr()
+    code, trained = resume(searched, out, monkeypatch, *(a for s in sets for a in ("--set", s)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not trained and len(err.splitlines()) == 1
+    assert err.startswith(f"error: the race of {out} (study race-") and f"was started with other settings: {named}. " in err
+    assert "full_steps" not in err and "(config differ)" not in err
+    assert "Resume it with the search's own config (without the --set of those keys): " in err
+
+
+def test_where_the_retrains_run_may_change_and_is_said(searched, whole, monkeypatch, capsys):
+    out, before = stopped(searched, "moved", monkeypatch)
+    capsys.readouterr()
+    code, after = resume(searched, out, monkeypatch, "--set", "retrain.device=cpu")
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert "[race] note: the race goes on with retrain.device: 'auto' then, 'cpu' now (where and how fast its retrains run" in err
+    assert not set(before) & set(after) and jobs(out) == jobs(whole)
+
+
+@pytest.mark.parametrize("race_started", [False, True])
+@pytest.mark.parametrize("sets, named", [
+    (("search.steps=20",), "search.steps: 30 then, 20 now"),
+    (("race.top_k=5", "model.d_model=16"), "model.d_model: 32 then, 16 now; race.top_k: 3 then, 5 now"),
+])
+def test_the_finished_search_s_own_settings_cannot_change_on_a_race_resume(searched, monkeypatch, capsys, race_started, sets, named):
+    if race_started:
+        out, _ = stopped(searched, f"kept-{race_started}-{sets[0].replace('=', '-')}", monkeypatch)
+    else:
+        out = copy(searched, f"kept-{race_started}-{sets[0].replace('=', '-')}")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    capsys.readouterr()
+    code, trained = resume(searched, out, monkeypatch, *(a for s in sets for a in ("--set", s)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not trained and len(err.splitlines()) == 1, err[-2000:]
+    assert err == (f"error: --resume: {out} holds a finished search, and settings it was made with cannot change now: {named}. "
+                   f"Resume with its own config ({out / 'config.yaml'}, without the --set of those keys), or search again with "
+                   "them (--overwrite in place of --resume, or another --out)")
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing ran, nothing was written
+
+
+def test_race_enabled_false_on_a_stopped_race_is_refused_naming_what_is_kept(searched, monkeypatch, capsys):
+    out, before = stopped(searched, "off", monkeypatch)
+    capsys.readouterr()
+    code, _ = resume(searched, out, monkeypatch, "--set", "race.enabled=false")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err[-2000:]
+    assert err.startswith(f"error: --resume: {out} holds a race stopped before its answer ({len(before)} finished retrain(s) in "
+                          f"{out / 'race'}), and race.enabled=false cannot finish it. The supernet's read-off alone is "
+                          f"{out / 'supernet_genotype.json'} (retrain.py --genotype takes it); to finish the race")
+    assert not (out / "genotype.json").exists()  # no read-off answered in the race's place
