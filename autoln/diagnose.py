@@ -149,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--config", metavar="FILE", help="YAML config (the retrain section sets optimiser and seed)")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[])
     p.add_argument("--steps", type=int, default=100, help="training steps over which the update size is tracked (default 100)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default runs/diagnose-<name>-<timestamp>)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/diagnose-<name>-<UTC time>Z)")
     p.add_argument("--overwrite", action="store_true", help="reuse an --out folder that holds a finished run")
     args = p.parse_args(argv)
 

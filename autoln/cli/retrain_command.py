@@ -25,7 +25,7 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``retrain.py``; returns the exit status."""
     p = _parser("retrain.py", "Train the derived model of a genotype (or a named baseline) from scratch; "
                 "with --compare, several genotypes and the published placements at equal budget and seeds.",
-                "retrain", "runs/retrain[-<baseline>]-<timestamp>; with --compare runs/compare-<timestamp>")
+                "retrain", "runs/retrain[-<baseline>]-<UTC time>Z; with --compare runs/compare-<UTC time>Z")
     p.add_argument("--genotype", action="append", default=[], metavar="FILE_OR_NAME",
                    help=f"genotype.json from search.py, or a named baseline: {' | '.join(DEFAULT_BASELINES.split(','))}, or any "
                         "all-<candidate> such as all-pre:fixed (required once; with --compare repeatable and optional)")

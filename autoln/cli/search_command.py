@@ -22,7 +22,7 @@ from autoln.core.commands import again_command, resume_command, script_line, ten
 def search_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``search.py``; returns the exit status."""
     p = _parser("search.py", "Differentiable search of per-layer norm placements; writes genotype.json.",
-                "search", "runs/search-<timestamp>; with --tune runs/tune-<tune.study_name>")
+                "search", "runs/search-<UTC time>Z; with --tune runs/tune-<tune.study_name>")
     p.add_argument("--tune", action="store_true",
                    help="run the Optuna outer loop (section tune): each trial is one search; re-running resumes the study")
     p.add_argument("--seeds", type=int, metavar="N",
@@ -57,6 +57,12 @@ def search_main(argv: Optional[Sequence[str]] = None) -> int:
             p.error("--workers needs --tune, --seeds or the race after a search (race.enabled is false)")
         out = where["out"] = Path(_shared_out(args.out or default_out_dir("search"), cfg.search.device))
         race = cfg.race.enabled and not distributed.launched()
+        if args.resume:
+            from autoln.race.resume import check_race_off, check_search_kept
+
+            check_race_off(out, None if race else "torchrun" if cfg.race.enabled else "race.enabled=false")
+            if race and searched(out):
+                check_search_kept(out, cfg)
         if not (race and args.resume and searched(out)):
             result = run_search(cfg, out, args.overwrite, resume=args.resume)
             if not distributed.is_main():

@@ -139,6 +139,28 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return _atomic(path, lambda fh: fh.write(text.encode("utf-8")), "wb")
 
 
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; creates parent folders. Returns the path.
+
+    Raises:
+        OSError: as :func:`write_text_atomic`.
+    """
+    return _atomic(path, lambda fh: fh.write(data), "wb")
+
+
+def missing_link(path: str | Path) -> Optional[str]:
+    """When ``path`` or one of its ancestors is a symbolic link to nothing (its target missing),
+    the words that say so: ``<link> is a symbolic link to <target>, which does not exist``;
+    else None. ``mkdir`` on such a path fails with a bare ``File exists`` that names neither."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.is_symlink() and not q.exists():
+            target = Path(os.readlink(q))
+            shown = target if target.is_absolute() else Path(os.path.normpath(q.parent / target))
+            return f"{q} is a symbolic link to {shown}, which does not exist"
+    return None
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every NaN or infinite float replaced by None (recursively)."""
     if isinstance(obj, float):

@@ -56,7 +56,8 @@ class FolderLock:
     Raises:
         FolderInUse: ``folder`` is held by another process (the message names its host, process
             id and command, and says nothing was changed).
-        OutputError: ``folder`` is a file, or cannot be created.
+        OutputError: ``folder`` is a file, a symbolic link to nothing (or under one), or cannot
+            be created.
     """
 
     def __init__(self, folder: str | Path, what: str = "run", enabled: Optional[bool] = None, name: str = LOCK_FILE,
@@ -77,6 +78,11 @@ class FolderLock:
             return self
         if self.folder.exists() and not self.folder.is_dir():
             raise OutputError(f"--out {self.folder} exists and is not a folder")
+        from autoln.core.io import missing_link
+
+        link = missing_link(self.folder)
+        if link is not None:
+            raise OutputError(f"--out {self.folder}: {link}; create that folder, or choose another --out")
         ancestor = self.folder.absolute()
         while not ancestor.exists():
             ancestor = ancestor.parent

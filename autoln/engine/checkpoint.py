@@ -30,6 +30,7 @@ from autoln.config import PLACE_KEYS, Config, with_defaults
 from autoln.core.errors import ConfigError, OutputError, cut
 from autoln.core.commands import again_command, resume_command
 from autoln.core.io import remove_stale_temps, save_torch_atomic
+from autoln.core.locks import LOCK_FILE
 from autoln.core.errors import DivergenceError
 from autoln.engine.training import CHECKPOINT_FILE
 
@@ -116,14 +117,17 @@ def load_for_resume(out: Path, kind: str, cfg: Config, finished: str,
     message says more than the config keys a different genotype changes).
 
     Raises:
-        OutputError: ``out`` is missing or holds a finished run, the checkpoint is unreadable or
-            of another kind of run.
+        OutputError: ``out`` is missing, empty (but for this command's lock file) or holds a
+            finished run, the checkpoint is unreadable or of another kind of run.
         ConfigError: the checkpoint's config differs from ``cfg`` in a key that changes what
             the run computes (:func:`resume_differences`); the message names every such key.
             A key of :data:`autoln.config.PLACE_KEYS` may differ: a ``note:`` line names it.
     """
     if not out.is_dir():
         raise OutputError(f"--resume: {out} is not a run folder (it does not exist)")
+    if not any(p.name != LOCK_FILE for p in out.iterdir()):  # this command's lock file only
+        raise OutputError(f"--resume: {out} is not a run folder (it is empty): there is nothing to resume; start the run "
+                          "without --resume")
     if (out / finished).exists():
         raise OutputError(f"--resume: {out} holds a finished {kind} ({finished}); nothing to resume "
                           "(to start it again, run the command with --overwrite in place of --resume)")

@@ -26,6 +26,7 @@ from autoln.core import distributed
 from autoln.config import TrainConfig
 from autoln.data import eval_batches
 from autoln.core.errors import ConfigError, OutputError
+from autoln.core.io import missing_link
 from autoln.core.modes import eval_mode
 from autoln.models.model import TransformerLM, weight_param_groups
 
@@ -324,7 +325,8 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     every other command refuses such a folder, even with ``overwrite``.
 
     Raises:
-        OutputError: ``out`` or an ancestor is a file, the nearest existing ancestor is not
+        OutputError: ``out`` or an ancestor is a file or a symbolic link to nothing
+            (:func:`autoln.core.io.missing_link`), the nearest existing ancestor is not
             writable, ``out`` holds a tuning study (unless ``study_ok``), or ``out`` holds a
             finished run or an interrupted one (a checkpoint: ``--resume`` continues it) and
             ``overwrite`` is False.
@@ -332,6 +334,9 @@ def check_out_dir(out: str | Path, overwrite: bool, study_ok: bool = False) -> P
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")
+    link = missing_link(out)
+    if link is not None:
+        raise OutputError(f"--out {out}: {link}; create that folder, or choose another --out")
     study = [m for m in STUDY_MARKERS if (out / m).exists()]
     if study and not study_ok:
         raise OutputError(f"--out {out} holds a tuning study ({study[0]}); choose another folder")
@@ -374,10 +379,16 @@ def prepare_out_dir(out: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def utc_stamp() -> str:
+    """The current time in UTC as ``YYYYmmdd-HHMMSSZ`` (``Z``: UTC): names made from it sort in
+    the order they were made, whatever the time zone of the machine or of ``TZ``."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%SZ")
+
+
 def default_out_dir(kind: str, tag: str = "") -> Path:
-    """``runs/<kind>[-<tag>]-<YYYYmmdd-HHMMSS>`` under the current folder."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / "-".join(p for p in (kind, tag, stamp) if p)
+    """``runs/<kind>[-<tag>]-<YYYYmmdd-HHMMSS>Z`` under the current folder, the time in UTC
+    (:func:`utc_stamp`), so that ``ls -d runs/search-* | tail -n 1`` is the newest search."""
+    return Path("runs") / "-".join(p for p in (kind, tag, utc_stamp()) if p)
 
 
 def environment() -> dict[str, str]:

@@ -23,6 +23,7 @@ run folder keeps its last checkpoint.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -195,7 +196,9 @@ def busy_line(threads: Optional[int] = None, load: Optional[float] = None, cores
     README's times for idle cores (the default search: 51 minutes with two threads among three
     other jobs, 13-21 with one): the line says to give each run one thread. With one thread
     there is nothing to advise and nothing is said. ``load`` and ``cores`` are measured when
-    None (tests pass their own); a platform without a load average gives None."""
+    None (tests pass their own); a platform without a load average gives None. An
+    ``OMP_NUM_THREADS`` that is set but invalid (:func:`valid_thread_count`) is named in the
+    line: the runtime ignored it."""
     threads = torch.get_num_threads() if threads is None else threads
     if threads <= 1:
         return None
@@ -208,8 +211,19 @@ def busy_line(threads: Optional[int] = None, load: Optional[float] = None, cores
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if load <= cores:
         return None
+    set_to = os.environ.get("OMP_NUM_THREADS")
+    ignored = "" if set_to is None or valid_thread_count(set_to) else (
+        f"; OMP_NUM_THREADS={set_to!r} now is not a positive integer, so it was ignored and the run took {threads} threads")
     return (f"note: the machine is busy (load {load:.1f} on {cores} cores): with {threads} threads this run's threads wait on "
-            "each other and it may take several times as long; give each run one thread (OMP_NUM_THREADS=1 before the command)")
+            f"each other and it may take several times as long; give each run one thread (OMP_NUM_THREADS=1 before the "
+            f"command){ignored}")
+
+
+def valid_thread_count(value: str) -> bool:
+    """Whether ``value`` is an ``OMP_NUM_THREADS`` the OpenMP runtime takes: a positive integer,
+    or a comma-separated list of them (one per nesting level). Another value (``0``, ``abc``,
+    empty) is ignored by it, with a ``libgomp: Invalid value`` line, and torch takes its default."""
+    return bool(re.fullmatch(r"\s*[1-9][0-9]*\s*(,\s*[1-9][0-9]*\s*)*", value))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

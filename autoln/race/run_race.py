@@ -40,26 +40,25 @@ from typing import Optional
 import numpy as np
 
 from autoln.engine.checkpoint import CHECKPOINT_FILE, Interrupted
-from autoln.core.commands import resume_command, script_line
+from autoln.core.commands import resume_command
 from autoln.retrain.compare import retrain_one
 from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
-from autoln.core.errors import ConfigError, OutputError
+from autoln.core.errors import OutputError
 from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
+from autoln.race.resume import GENOTYPE_FILE, RACE_DIR, SUPERNET_FILE, compare_record, journal_message, ready_race_journal
 from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin, rung_steps
 from autoln.race.schedule import Plan, most_steps, plan, proposal_names, steps_done
 from autoln.race.figure import race_figure
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
 from autoln.tune import open_storage, write_hparams
+from autoln.tune.journal import JournalDamaged
 
-RACE_DIR = "race"
 RACE_FILE = "race.json"
-SUPERNET_FILE = "supernet_genotype.json"
-GENOTYPE_FILE = "genotype.json"
 POLL_S = 1.0
 
 
@@ -178,30 +177,21 @@ class RaceSetup:
                 "config": {k: rc[k] for k in ("data", "model", "retrain")}}
 
 
-def open_race_study(setup: RaceSetup):
-    """The race's study on ``tune.storage`` or in ``<folder>/race/study.journal``.
+def open_race_study(setup: RaceSetup, quiet: bool = False):
+    """The race's study on ``tune.storage`` or in ``<folder>/race/study.journal``, its record set
+    or checked (:func:`autoln.race.resume.compare_record`; ``quiet``: a worker's, whose notes the
+    command has said).
 
     Raises:
-        ConfigError: the storage cannot be opened, or its race was started with another pool,
-            rule or retrain settings (naming what differs)."""
+        ConfigError: the storage cannot be opened, or its race was started with other settings
+            (naming each key with both values)."""
     import optuna
 
     storage = open_storage(setup.cfg, setup.folder / RACE_DIR)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # after open_storage (which sets WARNING): a stopped retrain is the race's to report
     study = optuna.create_study(study_name=setup.name, storage=storage, direction="minimize", load_if_exists=True,
                                 sampler=optuna.samplers.RandomSampler(seed=0))
-    mine = json.loads(json.dumps(setup.record()))
-    theirs = study.user_attrs.get("race")
-    if theirs is not None and isinstance(theirs.get("rule"), dict):  # a race started before a rule setting existed: its default
-        defaults = json.loads(json.dumps(dataclasses.asdict(RaceRule())))
-        theirs = {**theirs, "rule": {**{k: v for k, v in defaults.items() if k not in theirs["rule"]}, **theirs["rule"]}}
-    if theirs is None:
-        study.set_user_attr("race", mine)
-    elif theirs != mine:
-        diff = [k for k in mine if theirs.get(k) != mine.get(k)]
-        again = script_line("search.py", "--resume", "--out", setup.folder, "--config", setup.folder / "config.yaml")
-        raise ConfigError(f"the race of {setup.folder} (study {setup.name}) was started with other settings ({', '.join(diff)} "
-                          f"differ): resume it with the search's own config: {again}")
+    compare_record(study, setup.record(), setup.folder, setup.name, quiet)
     return study
 
 
@@ -288,7 +278,7 @@ def worker(setup: RaceSetup, rank: int = 0, threads: Optional[int] = None) -> No
         import torch
 
         torch.set_num_threads(threads)
-    study = open_race_study(setup)
+    study = open_race_study(setup, quiet=True)
     names = setup.entry_names()
     most = most_steps(setup.entries, setup.full_steps, setup.rule)
     eta = TimeLeft(steps_done(measured(study)[0]), most)  # every worker's retrain steps, at this worker's view of the rate
@@ -394,7 +384,10 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
 
     Raises:
         OutputError: no finished search in ``folder``; another process holds ``folder/race`` (a
-            journal study; with an RDB ``tune.storage`` every machine's command joins the race).
+            journal study; with an RDB ``tune.storage`` every machine's command joins the race);
+            its journal holds a damaged record before its last (a last record cut short, a
+            stale journal lock and blank lines are repaired, with a line that says so:
+            :mod:`autoln.tune.journal`).
         ConfigError: the storage cannot be opened or holds this race with other settings.
         Interrupted: SIGINT or SIGTERM (the running retrain keeps its checkpoint; ``search.py
             --resume`` continues the race).
@@ -404,21 +397,34 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
     setup = setup_race(cfg, folder)
     # a journal file is this machine's: one command at a time; an RDB study takes every machine's workers
     with FolderLock(folder / RACE_DIR, "race", enabled=cfg.tune.storage is None):
-        study = open_race_study(setup)
-        if cfg.tune.storage is None:
-            left = fail_left_running(study)
-            if left:
-                print(f"[race] trials {left} were left running by a stopped run; they continue from their checkpoints",
-                      file=sys.stderr)
-        describe_pool(setup)
-        if workers > 1:
-            from autoln.engine.workers import run_in_processes
-
-            run_in_processes(_worker_entry, [(setup, i) for i in range(workers)], workers)
-        else:
-            worker(setup)
-        values, _, info = measured(study)
+        try:
+            values, info = race_values(setup, workers)
+        except JournalDamaged as damaged:  # Optuna's reader met it while the race ran
+            raise OutputError(journal_message(damaged, folder)) from None
     return finish_race(setup, values, info)
+
+
+def race_values(setup: RaceSetup, workers: int) -> tuple[dict, dict]:
+    """The race's retrains run (the caller holds the race folder): the journal made ready
+    (:func:`autoln.race.resume.ready_race_journal`), the study opened, the trials a stopped run
+    left running failed, the pool said, the workers run. Returns :func:`measured`'s values and info."""
+    if setup.cfg.tune.storage is None:
+        ready_race_journal(setup.folder)
+    study = open_race_study(setup)
+    if setup.cfg.tune.storage is None:
+        left = fail_left_running(study)
+        if left:
+            print(f"[race] trials {left} were left running by a stopped run; they continue from their checkpoints",
+                  file=sys.stderr)
+    describe_pool(setup)
+    if workers > 1:
+        from autoln.engine.workers import run_in_processes
+
+        run_in_processes(_worker_entry, [(setup, i) for i in range(workers)], workers)
+    else:
+        worker(setup)
+    values, _, info = measured(study)
+    return values, info
 
 
 def describe_pool(setup: RaceSetup) -> None:

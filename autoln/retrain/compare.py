@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from autoln.config import Config, with_defaults
+from autoln.core.commands import again_command
 from autoln.core.errors import ConfigError, GenotypeError
 from autoln.models.genotype import BASELINES, Genotype, is_baseline
 from autoln.core.locks import FolderLock
@@ -114,7 +116,10 @@ def run_compare(cfg: Config, genotypes: list[str], baselines: list[str], seeds: 
     floating-point rounding (:mod:`autoln.engine.workers`).
 
     Raises:
-        ConfigError: no genotype at all, ``seeds`` < 1 or ``workers`` < 1, an unknown baseline.
+        ConfigError: no genotype at all, ``seeds`` < 1 or ``workers`` < 1, an unknown baseline;
+            ``out`` holds a comparison made with other settings (each key named with both
+            values), or a damaged ``compare.json`` (the line gives the way on, which redoes no
+            finished run).
         GenotypeError, DataError, OutputError: as ``retrain.py``; OutputError also when another
             process holds ``out`` (:class:`autoln.core.locks.FolderLock`).
     """
@@ -212,8 +217,11 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
     if previous.exists() and not overwrite:
         old = read_json(previous)
         if not isinstance(old, dict):
-            raise ConfigError(f"{previous} is damaged (not the JSON record a comparison writes), so what its finished runs were "
-                              "made with is unknown; pass --overwrite to redo every run, or choose another --out")
+            aside = previous.with_name(previous.name + ".damaged")
+            raise ConfigError(f"{previous} is damaged (not the JSON record a comparison writes), so the settings of this "
+                              "comparison are unknown; to go on, move it aside and run the command again: each finished run "
+                              "is checked against its own config.yaml and reused when it was made with these settings: "
+                              f"mv {shlex.quote(str(previous))} {shlex.quote(str(aside))} && {again_command()}")
         old_config = {k: v for k, v in with_defaults(old.get("config", {})).items() if k in record["config"]}
         old_config["retrain"] = {k: v for k, v in old_config["retrain"].items() if k not in ("device", "seed")}
         diff = differences(old_config, record["config"])

@@ -19,6 +19,7 @@ from autoln.config import Config
 from autoln.core.errors import AutolnError, ConfigError, OutputError, StateLost, WriteError
 from autoln.core.io import write_text_atomic
 from autoln.core.locks import FolderLock
+from autoln.tune.journal import JournalDamaged, damaged_message, ready_journal
 from autoln.tune.objective import TRIALS_DIR
 from autoln.tune.storage import JOURNAL_FILE, StorageFull, StorageGone, open_storage, open_study, storage_write_error
 from autoln.tune.study import Census, _optuna, best_trial, census
@@ -66,6 +67,12 @@ def storage_lost_message(gone: StorageGone, out: Path) -> str:
             f"settings reuses it, or resumes it from its checkpoint (with one worker and the same tune.seed the trials "
             f"draw the same parameters again, so no finished search is redone; a folder of other settings is moved "
             f"aside, not deleted): {again}")
+
+
+#: What a study begun anew finds in its folder (:func:`autoln.tune.journal.damaged_message`).
+TRIALS_KEPT = ("a trial whose folder (trials/NNNN) holds a search of its own settings reuses it, or resumes it from its "
+               "checkpoint (with one worker and the same tune.seed the trials draw the same parameters again, so no "
+               "finished search is redone)")
 
 
 def storage_full_message(path, what: str, cause: str, out: Path) -> str:
@@ -138,7 +145,9 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
 
     Raises:
         ConfigError: bad ``workers``, storage or a study made with another config.
-        OutputError: the folder is unusable or another command holds its lock.
+        OutputError: the folder is unusable or another command holds its lock, or its journal
+            holds a damaged record before its last (:func:`autoln.tune.journal.damaged_message`;
+            a last record cut short and blank lines are repaired, with a line that says so).
         StateLost: the study's journal or SQLite file was removed or replaced while it ran
             (:func:`storage_lost_message`), or its lock file was removed and another command
             took the folder.
@@ -161,11 +170,9 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
     lock = FolderLock(out, "tune", enabled=True, name=LOCK_FILE, refusal=LOCK_REFUSAL).acquire()
     study = None
     try:
-        stale = out / (JOURNAL_FILE + ".lock")  # Optuna's journal lock: this command holds the folder, so one found now
-        if cfg.tune.storage is None and (stale.exists() or stale.is_symlink()):  # was left by a killed command
-            stale.unlink()
-            print(f"[tune] removed {stale}, a journal lock left by a killed command (Optuna would wait 30 s for it)",
-                  file=sys.stderr)
+        if cfg.tune.storage is None and not overwrite:  # this command holds the folder: a stale lock, a torn last record
+            for line in ready_journal(out / JOURNAL_FILE):  # were left by a killed command
+                print(f"[tune] {line}", file=sys.stderr)
         if overwrite:
             _clear(cfg, out)
         study = open_study(cfg, out, cfg.tune.rank_offset, create=True)
@@ -186,6 +193,8 @@ def run_tune(cfg: Config, out: str | Path, workers: int = 1, overwrite: bool = F
             raise
     except StorageGone as gone:
         raise StateLost(storage_lost_message(gone, out)) from None
+    except JournalDamaged as damaged:
+        raise OutputError(damaged_message(damaged, TRIALS_KEPT, resume_command(out))) from None
     except StorageFull as full:
         raise WriteError(storage_full_message(full.path, f"the study's {full.what}", full.cause.strerror, out)) from None
     except AutolnError:
@@ -235,13 +244,14 @@ def _run_study(cfg: Config, out: Path, workers: int, study, started: float) -> T
 
 
 def _clear(cfg: Config, out: Path) -> None:
-    """``--overwrite``: delete the study and everything in the folder but the lock."""
-    optuna = _optuna()
-    storage = open_storage(cfg, out)
-    try:
-        optuna.delete_study(study_name=cfg.tune.study_name, storage=storage)
-    except KeyError:
-        pass
+    """``--overwrite``: delete the study (from its RDB; a journal goes with the folder's files, read
+    or not: a damaged one too) and everything in the folder but the lock."""
+    if cfg.tune.storage is not None:
+        optuna = _optuna()
+        try:
+            optuna.delete_study(study_name=cfg.tune.study_name, storage=open_storage(cfg, out))
+        except KeyError:
+            pass
     for child in out.iterdir():
         if child.name == LOCK_FILE:
             continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -114,8 +115,12 @@ def journal_backend(path: Path):
     the file is still the one it opened (:attr:`file`, a :class:`StorageFile`). Optuna's own
     backend re-creates a removed journal at its next append, as a journal without the study's
     first records: its next read fails (``json ... Extra data``, its offsets point into the old
-    file), and a re-run would read that headless file as the study."""
+    file), and a re-run would read that headless file as the study. A record Optuna's reader
+    refuses raises :class:`autoln.tune.journal.JournalDamaged`, naming its line, in place of
+    Optuna's bare ``JSONDecodeError``."""
     from optuna.storages.journal import JournalFileBackend
+
+    from autoln.tune.journal import JournalDamaged, first_damage
 
     class WatchedJournalFile(JournalFileBackend):
         def __init__(self, file_path: str) -> None:
@@ -126,8 +131,11 @@ def journal_backend(path: Path):
             self.file.check()
             try:
                 yield from super().read_logs(log_number_from)
-            except (OSError, ValueError):  # removed or replaced while being read
+            except (OSError, ValueError) as exc:  # removed or replaced while being read, or a damaged record
                 self.file.check()
+                damage = first_damage(self.file.path.read_bytes(), blank_ok=False) if isinstance(exc, ValueError) else None
+                if damage is not None:
+                    raise JournalDamaged(self.file.path, *damage) from None
                 raise
 
         def append_logs(self, logs) -> None:
@@ -213,7 +221,19 @@ def open_storage(cfg: Config, out: Path):
         if "DB access module" in str(exc) and tc.storage.startswith("postgresql://"):
             hint = f" (name the driver: postgresql+psycopg2://..., installed by {pip_extra('postgres')})"
         raise ConfigError(f"tune.storage {_redact(tc.storage)}: cannot open the database: "
-                          f"{str(exc).splitlines()[0][:300]}{hint}") from None
+                          f"{storage_error_text(exc, tc.storage)}{hint}") from None
+
+
+def storage_error_text(exc: BaseException, url: str) -> str:
+    """The first line of the error ``exc`` that opening the storage at ``url`` raised, cut to 300
+    characters; Optuna's schema mismatch (``... execute `$ optuna storage upgrade --storage
+    $STORAGE_URL` ...``) whole, with the URL itself in place of its placeholder (the password
+    masked, :func:`_redact`) and the ``optuna`` script beside this interpreter."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "$STORAGE_URL" not in text:
+        return text[:300]
+    optuna_script = beside_python("optuna", "optuna")
+    return text.replace("`$ optuna ", f"`{optuna_script} ").replace("$STORAGE_URL", shlex.quote(_redact(url)))
 
 
 def retry_callback(cfg: Config):

@@ -18,7 +18,8 @@ from autoln.core.commands import resume_command
 from autoln.config import Config
 from autoln.core.errors import AutolnError, ConfigError
 from autoln.core.locks import check_held
-from autoln.engine.workers import threads_per_worker
+from autoln.engine.workers import oversubscribed_line, threads_per_worker
+from autoln.tune.journal import JournalDamaged
 from autoln.tune.objective import Objective
 from autoln.tune.storage import StorageFull, StorageGone, open_study, retry_callback
 from autoln.tune.study import _optuna, census
@@ -100,6 +101,9 @@ def _worker_entry(cfg: Config, out: str, rank: int, threads: int) -> None:
         print(f"error: worker rank {rank}: cannot write {full.path} (the study's {full.what}): {full.cause.strerror}",
               file=sys.stderr)
         sys.exit(2)
+    except JournalDamaged as damaged:
+        print(f"error: worker rank {rank}: {damaged}", file=sys.stderr)
+        sys.exit(2)
     except AutolnError as exc:
         print(f"error: worker rank {rank}: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -119,6 +123,9 @@ def _run_processes(cfg: Config, out: Path, workers: int, study) -> None:
     """
     ctx = mp.get_context("spawn")
     threads = threads_per_worker(workers)
+    line = oversubscribed_line(workers)
+    if line:
+        print(line, file=sys.stderr, flush=True)
     procs = []
     for i in range(workers):
         p = ctx.Process(target=_worker_entry, args=(cfg, str(out), cfg.tune.rank_offset + i, threads), daemon=False)
