@@ -27,3 +27,36 @@ def test_a_script_s_help(name):
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
         module.main(["--help"])
     assert exit_.value.code == 0 and "usage:" in out.getvalue(), f"experiments/{name}.py --help: {out.getvalue()[-500:]}"
+
+
+def test_own_model_race_runs_a_tiny_race_end_to_end(tmp_path, monkeypatch):
+    """``own_model_race.py``'s race, the script that stopped before its race when the API first
+    called ``evaluate`` on an untrained model (its ``evaluate`` reads what its ``train`` leaves),
+    run for real at a tiny size: one layer of width 16, 12 steps, the search's answer given."""
+    import dataclasses
+
+    import autoln
+
+    m = experiment_script("race/own_model_race")
+    text = tmp_path / "input.txt"
+    text.write_text("".join(chr(97 + (i * 7 + i // 5) % 11) for i in range(6000)), encoding="utf-8")
+    data = m.load_data(text)
+
+    @dataclasses.dataclass
+    class Tiny(m.Recipe):
+        steps: int = 12
+        batch_size: int = 4
+        warmup: int = 2
+
+    monkeypatch.setattr(m, "Recipe", Tiny)
+    monkeypatch.setattr(m, "SIZE", dict(n_layer=1, n_embd=16, n_head=2, block_size=8, bias=False))
+    monkeypatch.setattr(m, "TABLE", tmp_path / "truth.csv")
+    monkeypatch.setattr(m, "table_values", lambda path=None: {})
+    cands = m.SETS["3"]
+    monkeypatch.setattr(m, "search_answer", lambda c, seed, d, vocab, recipe: autoln.SiteGenotype(
+        list(cands), {"transformer.h.0.attn_site": "post", "transformer.h.0.mlp_site": "deepnorm"},
+        {"transformer.h.0.attn_site": [0.2, 0.5, 0.3], "transformer.h.0.mlp_site": [0.2, 0.3, 0.5]}))
+    row = m.race_one("3", 0, (data[0], data[1]), data[2])
+    assert row["outcome"] in ("searched-wins", "named-wins", "tie") and row["verdict"].startswith("answer: ")
+    rows = (tmp_path / "truth.csv").read_text().count("\n") - 1  # every retrain a row of the table, the fresh seeds' too
+    assert len(row["fresh_answer"].split(" / ")) == 3 and int(row["retrains"]) >= 3 and rows >= int(row["retrains"])
