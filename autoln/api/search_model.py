@@ -123,11 +123,13 @@ class SearchModel(SupernetMixin, nn.Module):
         graph = torch.is_grad_enabled()  # a pass without gradients saves nothing that backward recomputes
         for site, row in zip(self.sites, mix):
             site.mix = row
+            site.__dict__["_grad_forward"] = graph  # a site that meets gradients off inside this pass is checkpointed reentrantly
         try:
             return self.loss_fn(self.model, x, y)
         finally:
             for site, row in zip(self.sites, mix):
                 site.mix = None
+                site.__dict__.pop("_grad_forward", None)
                 if graph:
                     hold_for_backward(site, row)
             if self._watch:

@@ -184,9 +184,9 @@ class Site(nn.Module):
         Raises:
             ValueError: several candidates and no mixing weights (a searched site used outside
                 :class:`autoln.api.SearchModel`, or not derived); mixing weights that carry a
-                gradient met with gradients off (a ``torch.utils.checkpoint`` with
-                ``use_reentrant=True``, or ``torch.no_grad`` inside the model's forward), where
-                the alphas would get none.
+                gradient met with gradients off inside a :class:`autoln.api.SearchModel` pass
+                that has them on (a ``torch.utils.checkpoint`` with ``use_reentrant=True``, or
+                ``torch.no_grad`` inside the model's forward), where the alphas would get none.
         """
         placements = list(self.placements.values())
         if len(placements) == 1:
@@ -197,7 +197,7 @@ class Site(nn.Module):
         if weights is None:
             raise ValueError(f"a site with several candidates ({list(self.placements)}) needs mixing weights: run the model "
                              "inside autoln.SearchModel, or autoln.derive it to one placement first")
-        if weights.requires_grad and not torch.is_grad_enabled():
+        if weights.requires_grad and not torch.is_grad_enabled() and self.__dict__.get("_grad_forward"):
             where = f"autoln.Site {self.name!r}" if self.name else "autoln.Site"
             raise ValueError(f"{where} runs with gradients off inside a search's forward pass (torch.utils.checkpoint with "
                              "use_reentrant=True, or torch.no_grad in the model), so the alphas would get no gradient: "
