@@ -214,13 +214,18 @@ def test_a_rigged_baseline_win_is_the_answer_and_says_so(searched, monkeypatch, 
     out = copy(searched, "baseline-wins")
     rigged(monkeypatch, {"all-deepnorm": 1.0})
     assert cli.search_main([*searched[1], "--out", str(out), "--resume"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "answer: all-deepnorm (no searched placement beat it at 30 steps" in text
     g = Genotype.load(out / "genotype.json")
     assert g.describe() == "deepnorm deepnorm" and g.provenance["race"]["answer"] == "all-deepnorm"
     assert g.provenance["race"]["outcome"] == "named-wins" and (out / "supernet_genotype.json").exists()
     record = json.loads((out / "race" / "race.json").read_text())
     assert record["verdict"]["answer"] == "all-deepnorm" and record["rule"].startswith("synchronous successive halving")
+    said = next(line for line in captured.err.splitlines() if line.startswith("  rungs: "))
+    kinds = {e["name"]: e["kind"] for e in record["pool"]}
+    ran = {kind: {j["steps"] for j in record["jobs"] if kinds[j["entry"]] == kind and j["seed"] == 0} for kind in ("searched", "named")}
+    assert rung_line_steps(said) == ran  # the printout's rungs are the ones race.json holds
     assert (out / "race" / "race.png").stat().st_size > 1000
     # retrain.py takes the answer as it is
     assert cli.retrain_main(["--genotype", str(out / "genotype.json"), *searched[1], "--set", "retrain.steps=2",
@@ -552,6 +557,31 @@ def _placements(model):
     import autoln
 
     return [next(iter(m.placements)) for m in model.modules() if isinstance(m, autoln.Site)]
+
+
+def rung_line_steps(line: str) -> dict[str, set[int]]:
+    """The steps a pool's rung line (:func:`autoln.race.schedule.rungs_text`) names, by who runs
+    them: ``searched`` (the searched entries' rounds) and ``named``."""
+    parts = line.split("; ")
+    searched = {int(n) for part in parts if "searched" in part or "proposed" in part for n in re.findall(r"at (\d+)", part)}
+    named = {int(n) for part in parts if " named at " in part for n in re.findall(r"at (\d+)", part)}
+    return {"searched": searched, "named": named}
+
+
+@pytest.mark.parametrize("searched", [1, 2, 3, 4, 5, 7, 10])
+def test_the_rung_line_names_exactly_the_rungs_the_race_runs(searched):
+    """With 3 searched entries at eta 3 the best of the 111-step rung is alone: the line says
+    111 then 1000, not the 333 that never runs; with 5, 111, 333 and 1000."""
+    from autoln.race.schedule import rungs_text
+
+    pool = [Entry(n, p, "named") for n, p in zip(NAMED, "abcde")] + [Entry(f"s{i}", f"x{i}", "searched") for i in range(searched)]
+    line = rungs_text(pool, 1000, R2)
+    p, values = run(pool, 1000, R2, lambda job: 2.0 + 0.01 * int(job.entry[1:]) if job.entry[0] == "s" else 2.5)
+    ran = {k[1] for k in values if k[0].startswith("s") and k[2] == 0}
+    assert rung_line_steps(line) == {"searched": ran, "named": {1000}}
+    assert ran == {1: {1000}, 2: {111, 1000}, 3: {111, 1000}, 4: {111, 333, 1000}, 5: {111, 333, 1000}}.get(searched, ran)
+    if searched == 3:
+        assert line.startswith("3 searched at 111 steps, the best 1 at 1000; 5 named at 1000;") and "333" not in line
 
 
 def test_a_searched_entry_lower_by_float_rounding_does_not_win():

@@ -49,8 +49,8 @@ from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabili
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
-from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin, rung_steps
-from autoln.race.schedule import Plan, most_steps, plan, proposal_names, steps_done
+from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin
+from autoln.race.schedule import Plan, most_steps, plan, proposal_names, rungs_text, steps_done
 from autoln.race.figure import race_figure
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
@@ -422,14 +422,15 @@ def run_race(cfg: Config, folder: str | Path, workers: int = 1) -> RaceResult:
 
 
 def describe_pool(setup: RaceSetup) -> None:
-    """Print the pool, the aliases and the rule (stderr)."""
+    """Print the pool, the aliases, the rungs that will run (:func:`autoln.race.schedule.rungs_text`)
+    and the rule (stderr)."""
     width = max(len(e.name) for e in setup.entries)
     rows = [f"  {e.name:{width}s}  {e.kind:8s}  {e.placements}" for e in setup.entries]
     same = [f"{a} = {b}" for a, b in setup.aliases.items()]
-    steps = rung_steps(setup.full_steps, setup.rule)
     print(f"autoln race -> {setup.folder / RACE_DIR}\n  pool ({len(setup.entries)}):\n" + "\n".join(rows)
           + (f"\n  the same genotype: {', '.join(same)}" if same else "")
-          + f"\n  rungs at {steps} steps; {setup.rule.describe()}", file=sys.stderr, flush=True)
+          + f"\n  rungs: {rungs_text(setup.entries, setup.full_steps, setup.rule)}\n  rule: {setup.rule.describe()}",
+          file=sys.stderr, flush=True)
 
 
 def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
