@@ -227,6 +227,12 @@ def test_a_rigged_baseline_win_is_the_answer_and_says_so(searched, monkeypatch, 
     ran = {kind: {j["steps"] for j in record["jobs"] if kinds[j["entry"]] == kind and j["seed"] == 0} for kind in ("searched", "named")}
     assert rung_line_steps(said) == ran  # the printout's rungs are the ones race.json holds
     assert (out / "race" / "race.png").stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "race" / "verdict"), size_guidance={"tensors": 0})
+    acc.Reload()
+    shown = acc.Tensors("race/verdict/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert shown.startswith(record["verdict"]["line"])  # the verdict in TensorBoard's TEXT tab, not only the HParams table
     # retrain.py takes the answer as it is
     assert cli.retrain_main(["--genotype", str(out / "genotype.json"), *searched[1], "--set", "retrain.steps=2",
                              "--set", "retrain.eval_every=2", "--set", "retrain.warmup_steps=0", "--out", str(out / "retrain")]) == 0

@@ -19,8 +19,9 @@ When the race is done the command writes, in the search folder:
 - ``genotype.json``: the answer (a named placement, or the searched genotype that beat it), the
   verdict in its ``provenance.race``; ``retrain.py --genotype`` takes it as it is;
 - ``race/race.json``: the rule, the pool, every rung and retrain (entry, steps, seed, value,
-  wall time) and the verdict; ``race/race.png``: each entry's value per rung and the finalists'
-  seeds; TensorBoard's HParams table of the entries in ``race/hparams``.
+  wall time) and the verdict; ``race/race.png`` (:mod:`autoln.race.figure`): the short rungs, the
+  full-budget entries and the final's paired seeds, the verdict as its caption; TensorBoard's
+  HParams table of the entries in ``race/hparams`` and the verdict as text in ``race/verdict``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from autoln.engine.checkpoint import CHECKPOINT_FILE, Interrupted
 from autoln.core.commands import resume_command, script_line
@@ -51,10 +51,10 @@ from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
 from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin
 from autoln.race.schedule import Plan, most_steps, plan, proposal_names, rungs_text, steps_done
-from autoln.race.figure import race_figure
+from autoln.race.figure import race_figure, race_tensorboard
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
-from autoln.tune import open_storage, write_hparams
+from autoln.tune import open_storage
 
 RACE_DIR = "race"
 RACE_FILE = "race.json"
@@ -435,7 +435,7 @@ def describe_pool(setup: RaceSetup) -> None:
 
 def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     """The verdict, ``genotype.json`` (the answer with the verdict in its provenance),
-    ``race.json``, ``race.png`` and the HParams table."""
+    ``race.json``, ``race.png``, the HParams table and the verdict's text."""
     p = setup.plan(values)
     everyone = setup.entries + p.proposed
     unit = UNITS.get(setup.headline, setup.headline)
@@ -465,15 +465,7 @@ def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     path = answer.save(folder / GENOTYPE_FILE)
     if setup.cfg.logging.tensorboard:
         race_figure(record, folder / RACE_DIR / "race.png")
-        for e in everyone:
-            mine = [j for j in jobs if j["entry"] == e.name and j["value"] is not None]
-            metrics = {f"race/steps{j['steps']}_seed{j['seed']}": j["value"] for j in mine}
-            finals = [j["value"] for j in mine if j["steps"] == setup.full_steps]
-            if finals:
-                metrics["race/final_mean"] = float(np.mean(finals))
-            write_hparams(folder / RACE_DIR / "hparams" / e.name, {"entry": e.name, "kind": e.kind, "origin": origin(e),
-                                                                   "placements": e.placements,
-                                                                   "answer": e.name == v.answer.name}, metrics)
+        race_tensorboard(record, folder / RACE_DIR)
     return RaceResult(v, p, path, record_path, record)
 
 
