@@ -99,7 +99,8 @@ def main(argv=None) -> int:
                                  steps=recipe.steps, own="pre", unit=unit)
     race.genotype.save(out / "genotype.json")
     write_json_atomic(out / "race.json", race.record)
-    print(f"{race.verdict.line}\nwrote {out / 'genotype.json'} (the answer), {out / 'race.json'}")
+    print(f"wrote {out / 'genotype.json'} (the answer: {race.verdict.answer.name}, {race.genotype.describe()}), "
+          f"{out / 'race.json'}")  # the verdict line is the race's last line above
     return 0
 
 

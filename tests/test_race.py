@@ -219,6 +219,9 @@ def test_a_rigged_baseline_win_is_the_answer_and_says_so(searched, monkeypatch, 
     assert "answer: all-deepnorm (no searched placement beat it at 30 steps" in text
     g = Genotype.load(out / "genotype.json")
     assert g.describe() == "deepnorm deepnorm" and g.provenance["race"]["answer"] == "all-deepnorm"
+    searched_over = Genotype.load(out / "supernet_genotype.json").candidates
+    assert g.candidates == searched_over == ["pre", "post", "deepnorm"]  # what was searched, not the answer's own placements
+    assert g.probabilities == [[0.0, 0.0, 1.0]] * 2
     assert g.provenance["race"]["outcome"] == "named-wins" and (out / "supernet_genotype.json").exists()
     record = json.loads((out / "race" / "race.json").read_text())
     assert record["verdict"]["answer"] == "all-deepnorm" and record["rule"].startswith("synchronous successive halving")

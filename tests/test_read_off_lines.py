@@ -50,7 +50,7 @@ def test_a_redirected_read_off_writes_its_start_progress_and_end(tmp_path, capsy
     assert re.fullmatch(rf"read-off: done in {CLOCK} \(estimated {CLOCK}\)", end)
 
 
-def test_autoln_search_s_read_off_speaks_too(capsys):
+def test_autoln_search_s_read_off_speaks_too_and_its_loss_has_a_unit(capsys):
     import autoln
     from autoln.data import load_corpus
 
@@ -61,7 +61,10 @@ def test_autoln_search_s_read_off_speaks_too(capsys):
     weights, alphas, fixed = api_batches(cfg, corpus)
     autoln.search(autoln_model_as_user_model(cfg, corpus), weights, steps=12, arch_batches=alphas, cfg=cfg.search,
                   selection_batches=fixed, shortlist=2)
-    lines = read_off_lines(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    steps = [line for line in err.splitlines() if line.startswith("search step ")]
+    assert [re.match(r"search step (\d+)/12: train loss \d+\.\d{3} nats/token \(", line).group(1) for line in steps] == ["6", "12"]
+    lines = read_off_lines(err)
     assert lines[0].startswith("read-off: scoring up to 9 genotypes for the race's shortlist; then perturbation selection of "
                                "2 sites (4 loss evaluations each, 2 fine-tuning steps between two): about ")
     assert [line.split(" (")[0] for line in lines[-3:-1]] == ["read-off: perturbation selection 1/2 sites",

@@ -392,3 +392,15 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     cands = sorted(set(names), key=placement_names().index)
     probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
     return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})
+
+
+def over_candidates(genotype: Genotype, candidates: list[str]) -> Genotype:
+    """``genotype`` listing ``candidates`` (then any of its own placements they lack) as its
+    ``candidates``, each site's probabilities one-hot on its placement: a named answer that
+    still says what the search searched (``mix-ln`` after a search over pre, post and
+    deepnorm). The placements, and so the model a retrain builds, are unchanged."""
+    from dataclasses import replace
+
+    cands = list(candidates) + [c for c in genotype.candidates if c not in candidates]
+    rows = [[1.0 if c == p else 0.0 for c in cands] for p in site_rows(genotype.placements, genotype.granularity)]
+    return replace(genotype, candidates=cands, probabilities=nest_sites(rows, genotype.granularity))

@@ -45,7 +45,7 @@ from autoln.retrain.compare import retrain_one
 from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
 from autoln.core.errors import ConfigError, OutputError
-from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
+from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, over_candidates, site_rows
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
@@ -458,7 +458,8 @@ def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     provenance = {**supernet.provenance, "race": {k: record["verdict"][k] for k in ("answer", "outcome", "line", "p_value")}
                   | {"rule": record["rule"], "record": f"{RACE_DIR}/{RACE_FILE}", "supernet_genotype": SUPERNET_FILE}}
     if v.answer.named:
-        answer = baseline(v.answer.name, supernet.model_config(setup.cfg.model), supernet.model["vocab_size"])
+        named = baseline(v.answer.name, supernet.model_config(setup.cfg.model), supernet.model["vocab_size"])
+        answer = over_candidates(named, supernet.candidates)  # the file still says what was searched
     else:
         answer = Genotype.load(setup.specs[v.answer.name])
     answer = dataclasses.replace(answer, provenance=provenance)
