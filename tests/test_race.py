@@ -630,3 +630,19 @@ def test_ties_and_leads_below_the_resolution():
     assert lead([1.0] * 3, [1.0 + 1e-12] * 3) == "level" and lead([1.0] * 3, [1.1] * 3) == "ahead"
     assert is_tie([1.0, 1.0], [1.0 + 1e-12] * 2) and is_tie([1.0], [1.0 + 1e-9]) and not is_tie([1.0, 1.0], [1.1, 1.1])
     assert vs_best(1e-12, 0.0, 2, False) == "+0.0000 (tie: equal)" and vs_best(0.1, 0.0, 2, False) == "+0.1000"
+
+
+def test_the_answer_asked_for_before_the_race_ends_names_the_race_and_the_read_off(searched, capsys):
+    """The README's next commands run while the race goes on: genotype.json is not there yet
+    (supernet_genotype.json is), and both retrain.py and --compare say why, in one line."""
+    out = copy(searched, "racing")
+    run_race.supernet_file(out)  # what the race does when it begins: genotype.json becomes supernet_genotype.json
+    answer = str(out / "genotype.json")
+    assert cli.retrain_main(["--genotype", answer, *searched[1], "--out", str(out / "r")]) == 2
+    assert cli.retrain_main(["--compare", "--genotype", answer, *searched[1], "--out", str(out / "c")]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "no such file" in line]
+    assert len(said) == 2  # one line each
+    for line in said:
+        assert f"--genotype {answer!r}: no such file yet: the race of the search in {out} has not finished" in line
+        assert "search.py --resume --out" in line and f"meanwhile {out / 'supernet_genotype.json'} holds the supernet's read-off" in line
+    assert not (out / "r").exists() and not (out / "c").exists()

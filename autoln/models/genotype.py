@@ -165,6 +165,10 @@ class Genotype:
 
         if not isinstance(obj, dict):
             raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
+        if obj.get("format") not in (FORMAT, SITE_FORMAT):
+            what = "no field 'format'" if "format" not in obj else f"field 'format' is {quoted(obj['format'])}"
+            raise GenotypeError(f"{source}: not an autoln genotype ({what}; expected format {FORMAT!r}, the genotype.json that "
+                                f"search.py writes, with fields {list(FIELDS)})")
         if obj.get("format") == SITE_FORMAT:
             raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
                                 f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
@@ -404,3 +408,23 @@ def over_candidates(genotype: Genotype, candidates: list[str]) -> Genotype:
     cands = list(candidates) + [c for c in genotype.candidates if c not in candidates]
     rows = [[1.0 if c == p else 0.0 for c in cands] for p in site_rows(genotype.placements, genotype.granularity)]
     return replace(genotype, candidates=cands, probabilities=nest_sites(rows, genotype.granularity))
+
+
+#: A search folder's read-off once its race began (``genotype.json`` is renamed so, and the race
+#: writes its answer as ``genotype.json`` when it ends: :mod:`autoln.race.run_race`).
+SUPERNET_FILE = "supernet_genotype.json"
+
+
+def unfinished_race_hint(spec: str) -> str:
+    """For a ``--genotype`` file that does not exist: when it is a search folder's
+    ``genotype.json`` and the folder holds :data:`SUPERNET_FILE` (a race begun, not finished),
+    the clause that says so, with the command that continues a stopped race and where the
+    read-off is meanwhile; else ``""``."""
+    from autoln.core.commands import script_line
+
+    folder = Path(spec).parent
+    if Path(spec).name != "genotype.json" or not (folder / SUPERNET_FILE).is_file():
+        return ""
+    again = script_line("search.py", "--resume", "--out", folder, "--config", folder / "config.yaml")
+    return (f": the race of the search in {folder} has not finished, and it writes genotype.json (the answer) when it "
+            f"ends; a stopped race continues with {again}; meanwhile {folder / SUPERNET_FILE} holds the supernet's read-off")

@@ -45,7 +45,8 @@ from autoln.retrain.compare import retrain_one
 from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
 from autoln.core.errors import ConfigError, OutputError
-from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, over_candidates, site_rows
+from autoln.models.genotype import (BASELINES, SUPERNET_FILE, Genotype, baseline, from_probabilities, over_candidates,
+                                    site_rows)
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
@@ -58,7 +59,6 @@ from autoln.tune import open_storage
 
 RACE_DIR = "race"
 RACE_FILE = "race.json"
-SUPERNET_FILE = "supernet_genotype.json"
 GENOTYPE_FILE = "genotype.json"
 POLL_S = 1.0
 
