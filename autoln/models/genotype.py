@@ -165,23 +165,13 @@ class Genotype:
 
         if not isinstance(obj, dict):
             raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
-        if obj.get("format") not in (FORMAT, SITE_FORMAT):
-            what = "no field 'format'" if "format" not in obj else f"field 'format' is {quoted(obj['format'])}"
-            raise GenotypeError(f"{source}: not an autoln genotype ({what}; expected format {FORMAT!r}, the genotype.json that "
-                                f"search.py writes, with fields {list(FIELDS)})")
-        if obj.get("format") == SITE_FORMAT:
-            raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
-                                f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
-                                "that retrain.py takes; apply it in Python: autoln.derive(model, autoln.SiteGenotype.load(path)), "
-                                "then train the model your way, or rank it with autoln.compare_genotypes")
+        check_format(obj, source)
         for name in FIELDS:
             if name not in obj:
                 raise fail(name, "missing")
         for name in obj:
             if name not in FIELDS:
                 raise fail(name, f"unknown field; expected only {list(FIELDS)}")
-        if obj["format"] != FORMAT:
-            raise fail("format", f"expected {FORMAT!r}, got {quoted(obj['format'])}")
         if type(obj["version"]) is not int or obj["version"] != VERSION:
             raise fail("version", f"expected {VERSION}, got {quoted(obj['version'])}")
         cands = obj["candidates"]
@@ -251,6 +241,24 @@ PROVENANCE_LIMIT = 65_536
 PROVENANCE_PREVIEW = 4_096
 #: Fields that the note of a cut provenance names one by one; the rest are counted.
 _NAMED_CUTS = 5
+
+
+def check_format(obj: dict, source: str) -> None:
+    """Refuse, in one line, a JSON object that is not search.py's genotype: autoln.search's
+    genotype of a user's model (format :data:`SITE_FORMAT`, with how to apply it), or another
+    tool's file (no ``format``, or another one): "not an autoln genotype".
+
+    Raises:
+        GenotypeError: as above."""
+    if obj.get("format") == SITE_FORMAT:
+        raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
+                            f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
+                            "that retrain.py takes; apply it in Python: autoln.derive(model, autoln.SiteGenotype.load(path)), "
+                            "then train the model your way, or rank it with autoln.compare_genotypes")
+    if obj.get("format") != FORMAT:
+        what = "no field 'format'" if "format" not in obj else f"field 'format' is {quoted(obj['format'])}"
+        raise GenotypeError(f"{source}: not an autoln genotype ({what}; expected format {FORMAT!r}, the genotype.json that "
+                            f"search.py writes, with fields {list(FIELDS)})")
 
 
 def bounded_provenance(provenance: dict[str, Any], source: str, limit: int = PROVENANCE_LIMIT) -> tuple[dict[str, Any], Optional[str]]:
