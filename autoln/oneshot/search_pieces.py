@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -159,17 +160,28 @@ class Monitor(Callback):
                           f"{loop.state['early'][0]}, before the rise")
 
 
+def own_site_tag(module_name: str) -> str:
+    """A site of autoln's own model as its alpha tags spell blocks: ``blocks.0.attn_site`` ->
+    ``block0.attn`` (the attention site of block 0, whose alpha row is ``block0`` at granularity
+    ``layer`` and ``block0.attn`` at ``sublayer``); any other name as it is."""
+    match = re.fullmatch(r"blocks\.(\d+)\.(attn|ffn)_site", module_name)
+    return f"block{match[1]}.{match[2]}" if match else module_name
+
+
 class TensorBoard(Callback):
     """What a search logs (tags as docs/tensorboard.md): ``train/*``, ``lr/*``, ``search/tau``,
     ``alpha/<site>/<candidate>`` and the heat map, ``valid/*``, ``monitor/*``, ``entropy/<site>``,
     the genotype, the read-off's tables, ``valid_selected/*``; at the end ``alphas.png`` and
     ``alphas_heatmap.png`` in ``out`` (when ``pictures``). ``intro``: texts (tag -> Markdown)
-    logged at step 0 of a new run. ``describe(choices)``: a genotype's one-line name."""
+    logged at step 0 of a new run. ``describe(choices)``: a genotype's one-line name.
+    ``site_tag(module_name)``: a searched site's name in the tags ``scale/<site>/<candidate>`` and
+    ``share/<site>/<candidate>``, spelled as the alpha tags spell sites (default the module name,
+    which is a user's model's site name; :func:`own_site_tag` for autoln's own model)."""
 
     def __init__(self, log: Logger, out: Path, log_every: int, describe: Callable[[list[int]], str],
-                 intro: Optional[dict] = None, pictures: bool = True) -> None:
+                 intro: Optional[dict] = None, pictures: bool = True, site_tag: Callable[[str], str] = str) -> None:
         self.log, self.out, self.log_every, self.describe = log, Path(out), log_every, describe
-        self.intro, self.pictures = intro or {}, pictures
+        self.intro, self.pictures, self.site_tag = intro or {}, pictures, site_tag
 
     def on_start(self, loop: SearchLoop) -> None:
         model, log = loop.model, self.log
@@ -208,8 +220,8 @@ class TensorBoard(Callback):
             log.scalar("monitor/mean_entropy", record["mean_entropy"], step)
             log.scalar("monitor/genotype_changed", float(record["genotype_changed"]), step)
         for site, scales in record.get("scales", {}).items():
-            log.scalars(scales["rms"], step, f"scale/{site}")
-            log.scalars(scales["share"], step, f"share/{site}")
+            log.scalars(scales["rms"], step, f"scale/{self.site_tag(site)}")
+            log.scalars(scales["share"], step, f"share/{self.site_tag(site)}")
         log.flush()
 
     def on_skipped_batch(self, loop: SearchLoop, step: int, skipped: int) -> None:
