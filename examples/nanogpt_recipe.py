@@ -54,9 +54,12 @@ def load_data(path: str | Path) -> tuple[np.ndarray, np.ndarray, int]:
     text file read as characters.
 
     Raises:
-        ValueError: a folder without ``train.bin``/``val.bin``, or a file that cannot be read.
+        ValueError: no such path, a folder without ``train.bin``/``val.bin``, or a file that
+            cannot be read as UTF-8 text.
     """
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
     if path.is_dir():
         if not (path / "train.bin").is_file() or not (path / "val.bin").is_file():
             raise ValueError(f"{path}: expected nanoGPT's train.bin and val.bin (and meta.pkl) in the folder")

@@ -19,7 +19,8 @@ search about 2.5, the race's up to 18 retrains of up to 500 steps the rest).
 
 The race (``autoln.race_genotypes``, the rule of ``search.py``'s race): the read-off, its argmax
 and the shortlist against ``all-pre`` (the model's own, always a finalist), ``all-post``,
-``all-deepnorm``, ``mix-ln`` and ``pre-post``: the searched entries pruned at 56 and 167 steps,
+``all-deepnorm``, ``mix-ln`` and ``pre-post``: the searched entries pruned at 56 steps (and at 167
+when 4 or more are distinct; the printout's ``rungs:`` says which run),
 every named placement at the full 500 steps, then the best of each kind seed by seed, 3 to 6
 seeds; a searched genotype is the answer only if it beats the best named one by the
 group-sequential paired t-test of docs/race.md (false-win rate 0.05 over its looks). On tiny Shakespeare the supernet alone answers
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
                                  steps=recipe.steps, own="pre", unit=unit)
     race.genotype.save(out / "genotype.json")
     write_json_atomic(out / "race.json", race.record)
-    print(f"{race.verdict.line}\nwrote {out / 'genotype.json'} (the answer), {out / 'race.json'}")
+    print(f"wrote {out / 'genotype.json'} (the answer: {race.verdict.answer.name}, {race.genotype.describe()}), "
+          f"{out / 'race.json'}")  # the verdict line is the race's last line above
     return 0
 
 

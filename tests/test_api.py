@@ -130,6 +130,15 @@ def test_derive_and_the_site_genotype_refuse_what_does_not_fit(gpt, tmp_path):
         autoln.SearchModel(_tiny(gpt, ("pre",)))
 
 
+def test_the_example_names_a_missing_data_file_as_missing(tmp_path, capsys):
+    search_gpt = _example("search_gpt")
+    with pytest.raises(SystemExit) as stop:
+        search_gpt.main(["--data", str(tmp_path / "input.txt"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"--data {tmp_path / 'input.txt'}: no such file or folder" in err
+    assert "UTF-8" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_the_example_searches_and_races_at_tiny_size(tmp_path, capsys):
     search_gpt = _example("search_gpt")
@@ -140,10 +149,12 @@ def test_the_example_searches_and_races_at_tiny_size(tmp_path, capsys):
     assert list(g.sites) == [f"transformer.h.{i}.{s}_site" for i in range(2) for s in ("attn", "mlp")]
     assert g.provenance["selection"] == "perturbation" and set(g.provenance["loss_rises"]) == set(g.sites)
     assert len(g.provenance["shortlist"]) == 3  # the race's pool besides the read-off and the argmax
-    out = capsys.readouterr().out
+    said = capsys.readouterr()
     answer = autoln.SiteGenotype.load(tmp_path / "genotype.json")
     record = json.loads((tmp_path / "race.json").read_text())
-    assert record["verdict"]["line"] in out and answer.provenance["race"]["answer"] == record["verdict"]["answer"]
+    assert (said.out + said.err).count(record["verdict"]["line"]) == 1  # the verdict once, not twice
+    assert f"(the answer: {record['verdict']['answer']}, {answer.describe()})" in said.out
+    assert answer.provenance["race"]["answer"] == record["verdict"]["answer"]
     assert "all-pre" in record["rungs"][-1]["entries"]  # the model's own placement is always a finalist
     assert {j["steps"] for j in record["jobs"]} <= {1, 3, 9}
     final = record["rungs"][-1]  # seed by seed: all 3 seeds, or fewer when the final stopped early (and the verdict says so)

@@ -158,9 +158,16 @@ def test_ground_truth_and_random_search_commands_on_the_tiny_config(tmp_path, ca
                 "retrain.steps=6", "retrain.eval_every=3", "retrain.final_eval_windows=4", "logging.tensorboard=false"):
         common += ["--set", key]
     gt, rs = experiment_script("truth/ground_truth"), experiment_script("race/random_search")
+    real = rs.short_retrain
+
+    def costed(cfg, spec, folder):  # each short retrain costs 0.125 s per step: the budget buys the same runs on any machine
+        return {**real(cfg, spec, folder), "wall_time_s": 0.125 * cfg.retrain.steps}
+    monkeypatch.setattr(rs, "short_retrain", costed)
     assert rs.main([*common, "--min-steps", "1", "--eta", "2", "--budget-s", "1.0", "--rank-windows", "4"]) == 0
     result = json.loads((out / "shallow" / "random_search" / "result.json").read_text())
-    assert result["rungs"] == [1, 2] and result["evaluated"] >= 2 and len(result["valid"]) == 2
+    # each rung's share is 0.5 s: 4 retrains of 1 step at rung 0, then its best 2 at 2 steps (0.25 s each)
+    assert result["rungs"] == [1, 2] and [len(h) for h in result["history"]] == [4, 2] and result["evaluated"] == 6
+    assert result["spent_s"] == 1.0 and len(result["valid"]) == 2
     assert result["placements"] in [r["placements"] for r in result["history"][-1]]
     assert gt.main([*common, "--samples", "shallow=4", "--top", "1", "--baselines", "all-pre,all-post", "--score-windows", "8"]) == 0
     r = json.loads((out / "ground_truth.json").read_text())[0]

@@ -77,6 +77,18 @@ def test_malformed_genotype_names_the_field(tmp_path, layer_genotype, path, valu
     assert f"field '{field}'" in str(err.value) and str(f) in str(err.value)
 
 
+@pytest.mark.parametrize("obj, what", [({"name": "resnet50", "layers": [1, 2]}, "no field 'format'"),
+                                       ({"format": "darts.genotype", "normal": []}, "field 'format' is 'darts.genotype'")])
+def test_another_tool_s_json_is_not_an_autoln_genotype(tmp_path, obj, what):
+    f = tmp_path / "other.json"
+    f.write_text(json.dumps(obj))
+    with pytest.raises(GenotypeError) as err:
+        Genotype.load(f)
+    assert str(err.value) == (f"{f}: not an autoln genotype ({what}; expected format 'autoln.genotype', the genotype.json that "
+                              "search.py writes, with fields ['format', 'version', 'candidates', 'granularity', 'placements', "
+                              "'probabilities', 'model', 'provenance'])")
+
+
 def test_not_json_and_not_an_object(tmp_path):
     f = tmp_path / "g.json"
     f.write_text('{"format": "autoln.genotype", "version": 1, ')

@@ -214,14 +214,28 @@ def test_a_rigged_baseline_win_is_the_answer_and_says_so(searched, monkeypatch, 
     out = copy(searched, "baseline-wins")
     rigged(monkeypatch, {"all-deepnorm": 1.0})
     assert cli.search_main([*searched[1], "--out", str(out), "--resume"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "answer: all-deepnorm (no searched placement beat it at 30 steps" in text
     g = Genotype.load(out / "genotype.json")
     assert g.describe() == "deepnorm deepnorm" and g.provenance["race"]["answer"] == "all-deepnorm"
+    searched_over = Genotype.load(out / "supernet_genotype.json").candidates
+    assert g.candidates == searched_over == ["pre", "post", "deepnorm"]  # what was searched, not the answer's own placements
+    assert g.probabilities == [[0.0, 0.0, 1.0]] * 2
     assert g.provenance["race"]["outcome"] == "named-wins" and (out / "supernet_genotype.json").exists()
     record = json.loads((out / "race" / "race.json").read_text())
     assert record["verdict"]["answer"] == "all-deepnorm" and record["rule"].startswith("synchronous successive halving")
+    said = next(line for line in captured.err.splitlines() if line.startswith("  rungs: "))
+    kinds = {e["name"]: e["kind"] for e in record["pool"]}
+    ran = {kind: {j["steps"] for j in record["jobs"] if kinds[j["entry"]] == kind and j["seed"] == 0} for kind in ("searched", "named")}
+    assert rung_line_steps(said) == ran  # the printout's rungs are the ones race.json holds
     assert (out / "race" / "race.png").stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "race" / "verdict"), size_guidance={"tensors": 0})
+    acc.Reload()
+    shown = acc.Tensors("race/verdict/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert shown.startswith(record["verdict"]["line"])  # the verdict in TensorBoard's TEXT tab, not only the HParams table
     # retrain.py takes the answer as it is
     assert cli.retrain_main(["--genotype", str(out / "genotype.json"), *searched[1], "--set", "retrain.steps=2",
                              "--set", "retrain.eval_every=2", "--set", "retrain.warmup_steps=0", "--out", str(out / "retrain")]) == 0
@@ -554,6 +568,31 @@ def _placements(model):
     return [next(iter(m.placements)) for m in model.modules() if isinstance(m, autoln.Site)]
 
 
+def rung_line_steps(line: str) -> dict[str, set[int]]:
+    """The steps a pool's rung line (:func:`autoln.race.schedule.rungs_text`) names, by who runs
+    them: ``searched`` (the searched entries' rounds) and ``named``."""
+    parts = line.split("; ")
+    searched = {int(n) for part in parts if "searched" in part or "proposed" in part for n in re.findall(r"at (\d+)", part)}
+    named = {int(n) for part in parts if " named at " in part for n in re.findall(r"at (\d+)", part)}
+    return {"searched": searched, "named": named}
+
+
+@pytest.mark.parametrize("searched", [1, 2, 3, 4, 5, 7, 10])
+def test_the_rung_line_names_exactly_the_rungs_the_race_runs(searched):
+    """With 3 searched entries at eta 3 the best of the 111-step rung is alone: the line says
+    111 then 1000, not the 333 that never runs; with 5, 111, 333 and 1000."""
+    from autoln.race.schedule import rungs_text
+
+    pool = [Entry(n, p, "named") for n, p in zip(NAMED, "abcde")] + [Entry(f"s{i}", f"x{i}", "searched") for i in range(searched)]
+    line = rungs_text(pool, 1000, R2)
+    p, values = run(pool, 1000, R2, lambda job: 2.0 + 0.01 * int(job.entry[1:]) if job.entry[0] == "s" else 2.5)
+    ran = {k[1] for k in values if k[0].startswith("s") and k[2] == 0}
+    assert rung_line_steps(line) == {"searched": ran, "named": {1000}}
+    assert ran == {1: {1000}, 2: {111, 1000}, 3: {111, 1000}, 4: {111, 333, 1000}, 5: {111, 333, 1000}}.get(searched, ran)
+    if searched == 3:
+        assert line.startswith("3 searched at 111 steps, the best 1 at 1000; 5 named at 1000;") and "333" not in line
+
+
 def test_a_searched_entry_lower_by_float_rounding_does_not_win():
     """1e-12 below the named placements at every seed: below the values' resolution (1e-6), no
     lead: the named placement is the answer, level with the searched one, no p = 0."""
@@ -591,3 +630,19 @@ def test_ties_and_leads_below_the_resolution():
     assert lead([1.0] * 3, [1.0 + 1e-12] * 3) == "level" and lead([1.0] * 3, [1.1] * 3) == "ahead"
     assert is_tie([1.0, 1.0], [1.0 + 1e-12] * 2) and is_tie([1.0], [1.0 + 1e-9]) and not is_tie([1.0, 1.0], [1.1, 1.1])
     assert vs_best(1e-12, 0.0, 2, False) == "+0.0000 (tie: equal)" and vs_best(0.1, 0.0, 2, False) == "+0.1000"
+
+
+def test_the_answer_asked_for_before_the_race_ends_names_the_race_and_the_read_off(searched, capsys):
+    """The README's next commands run while the race goes on: genotype.json is not there yet
+    (supernet_genotype.json is), and both retrain.py and --compare say why, in one line."""
+    out = copy(searched, "racing")
+    run_race.supernet_file(out)  # what the race does when it begins: genotype.json becomes supernet_genotype.json
+    answer = str(out / "genotype.json")
+    assert cli.retrain_main(["--genotype", answer, *searched[1], "--out", str(out / "r")]) == 2
+    assert cli.retrain_main(["--compare", "--genotype", answer, *searched[1], "--out", str(out / "c")]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "no such file" in line]
+    assert len(said) == 2  # one line each
+    for line in said:
+        assert f"--genotype {answer!r}: no such file yet: the race of the search in {out} has not finished" in line
+        assert "search.py --resume --out" in line and f"meanwhile {out / 'supernet_genotype.json'} holds the supernet's read-off" in line
+    assert not (out / "r").exists() and not (out / "c").exists()

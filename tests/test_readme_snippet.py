@@ -31,7 +31,10 @@ def test_the_readme_snippet_runs_as_written_at_its_sizes(tmp_path, monkeypatch, 
     scope: dict = {"__name__": "readme_snippet"}
     exec(compile(code.replace("steps=500", "steps=3"), "README.md (Your own model)", "exec"), scope)
     model, race, fresh = scope["model"], scope["race"], scope["fresh"]
-    assert "number of parameters: 0.20M" in capsys.readouterr().out  # nanoGPT's own count of the model it built
+    out = capsys.readouterr().out
+    assert out.count("number of parameters: 0.20M") == 1  # nanoGPT's own count, once: not once per model the race builds
+    assert f"the supernet's read-off: {scope['outcome'].genotype.describe()}\n" in out  # the supernet's choice, shown
+    assert scope["answer"].describe() == race.genotype.describe()  # the saved answer, read back in Python
     assert 0.15e6 < sum(p.numel() for p in model.parameters()) < 0.3e6  # the supernet too: a CPU's size, not 124M
     assert {"genotype.json", "supernet_genotype.json"} <= {p.name for p in tmp_path.iterdir()}
     import autoln

@@ -206,14 +206,15 @@ def check_race(build, train, evaluate, steps, on_result, rule, values, baselines
 
 
 def print_pool(where: str, entries, aliases: dict, steps: int, rule, no_searched: bool) -> None:
-    """The race's pool, aliases and rungs in one line on stderr (a note first when ``no_searched``)."""
-    from autoln.race import rule as R
+    """The race's pool, aliases and the rungs that will run (:func:`autoln.race.schedule.rungs_text`)
+    in one line on stderr (a note first when ``no_searched``)."""
+    from autoln.race.schedule import rungs_text
 
     if no_searched:
         print(f"{where}: note: no searched genotype: the race ranks the named placements only", file=sys.stderr)
     print(f"{where}: pool {', '.join(e.name for e in entries)}"
           + (f" (the same genotype: {', '.join(f'{a} = {b}' for a, b in aliases.items())})" if aliases else "")
-          + f"; rungs at {R.rung_steps(steps, rule)} steps" + ("" if rule.proposer == "none" else f"; then {rule.proposer}'s rounds"),
+          + f"; rungs: {rungs_text(entries, steps, rule)}",
           file=sys.stderr, flush=True)
 
 

@@ -204,7 +204,7 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
                                       intro={"settings": "```\n" + json.dumps(header["config"], indent=1, default=str) + "\n```"}))
     if on_eval is not None:
         pieces.append(EvalHook(on_eval))
-    pieces.append(Progress(progress, lambda loop, stats: f"train loss {stats['loss_w']:.3f}"))
+    pieces.append(Progress(progress, lambda loop, stats: f"train loss {stats['loss_w']:.3f} {loss_unit(model)}"))
     loop = SearchLoop(model, cfg, data, seed=seed, callbacks=pieces, checkpointing=checkpointing, shortlist=shortlist)
     resume_loop(loop, ckpt)
     read_off = loop.run()
@@ -219,6 +219,15 @@ def _search(model: SearchModel, cfg: SearchConfig, train_batches, arch_batches, 
         for line in notes:
             print(f"autoln.search: note: {line}", file=sys.stderr, flush=True)
     return SearchOutcome(genotype, model, list(loop.state["losses"]), notes)
+
+
+def loss_unit(model: SearchModel) -> str:
+    """The unit of the progress line's train loss: ``nats/token`` for the default loss (the
+    model's own loss, nanoGPT's mean cross-entropy, or the cross-entropy of its logits), else
+    ``(your loss_fn's unit)``."""
+    from autoln.api.search_model import nanogpt_loss
+
+    return "nats/token" if model.loss_fn is nanogpt_loss else "(your loss_fn's unit)"
 
 
 def skipped_lines(loop, read_off) -> list[str]:

@@ -165,19 +165,13 @@ class Genotype:
 
         if not isinstance(obj, dict):
             raise GenotypeError(f"{source}: expected a JSON object with fields {list(FIELDS)}, got {type(obj).__name__}")
-        if obj.get("format") == SITE_FORMAT:
-            raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
-                                f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
-                                "that retrain.py takes; apply it in Python: autoln.derive(model, autoln.SiteGenotype.load(path)), "
-                                "then train the model your way, or rank it with autoln.compare_genotypes")
+        check_format(obj, source)
         for name in FIELDS:
             if name not in obj:
                 raise fail(name, "missing")
         for name in obj:
             if name not in FIELDS:
                 raise fail(name, f"unknown field; expected only {list(FIELDS)}")
-        if obj["format"] != FORMAT:
-            raise fail("format", f"expected {FORMAT!r}, got {quoted(obj['format'])}")
         if type(obj["version"]) is not int or obj["version"] != VERSION:
             raise fail("version", f"expected {VERSION}, got {quoted(obj['version'])}")
         cands = obj["candidates"]
@@ -247,6 +241,24 @@ PROVENANCE_LIMIT = 65_536
 PROVENANCE_PREVIEW = 4_096
 #: Fields that the note of a cut provenance names one by one; the rest are counted.
 _NAMED_CUTS = 5
+
+
+def check_format(obj: dict, source: str) -> None:
+    """Refuse, in one line, a JSON object that is not search.py's genotype: autoln.search's
+    genotype of a user's model (format :data:`SITE_FORMAT`, with how to apply it), or another
+    tool's file (no ``format``, or another one): "not an autoln genotype".
+
+    Raises:
+        GenotypeError: as above."""
+    if obj.get("format") == SITE_FORMAT:
+        raise GenotypeError(f"{source}: this is a genotype of autoln.search for a model of your own (format {SITE_FORMAT!r}, "
+                            f"sites by module name), not search.py's genotype of autoln's own model (format {FORMAT!r}) "
+                            "that retrain.py takes; apply it in Python: autoln.derive(model, autoln.SiteGenotype.load(path)), "
+                            "then train the model your way, or rank it with autoln.compare_genotypes")
+    if obj.get("format") != FORMAT:
+        what = "no field 'format'" if "format" not in obj else f"field 'format' is {quoted(obj['format'])}"
+        raise GenotypeError(f"{source}: not an autoln genotype ({what}; expected format {FORMAT!r}, the genotype.json that "
+                            f"search.py writes, with fields {list(FIELDS)})")
 
 
 def bounded_provenance(provenance: dict[str, Any], source: str, limit: int = PROVENANCE_LIMIT) -> tuple[dict[str, Any], Optional[str]]:
@@ -392,3 +404,35 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     cands = sorted(set(names), key=placement_names().index)
     probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
     return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})
+
+
+def over_candidates(genotype: Genotype, candidates: list[str]) -> Genotype:
+    """``genotype`` listing ``candidates`` (then any of its own placements they lack) as its
+    ``candidates``, each site's probabilities one-hot on its placement: a named answer that
+    still says what the search searched (``mix-ln`` after a search over pre, post and
+    deepnorm). The placements, and so the model a retrain builds, are unchanged."""
+    from dataclasses import replace
+
+    cands = list(candidates) + [c for c in genotype.candidates if c not in candidates]
+    rows = [[1.0 if c == p else 0.0 for c in cands] for p in site_rows(genotype.placements, genotype.granularity)]
+    return replace(genotype, candidates=cands, probabilities=nest_sites(rows, genotype.granularity))
+
+
+#: A search folder's read-off once its race began (``genotype.json`` is renamed so, and the race
+#: writes its answer as ``genotype.json`` when it ends: :mod:`autoln.race.run_race`).
+SUPERNET_FILE = "supernet_genotype.json"
+
+
+def unfinished_race_hint(spec: str) -> str:
+    """For a ``--genotype`` file that does not exist: when it is a search folder's
+    ``genotype.json`` and the folder holds :data:`SUPERNET_FILE` (a race begun, not finished),
+    the clause that says so, with the command that continues a stopped race and where the
+    read-off is meanwhile; else ``""``."""
+    from autoln.core.commands import script_line
+
+    folder = Path(spec).parent
+    if Path(spec).name != "genotype.json" or not (folder / SUPERNET_FILE).is_file():
+        return ""
+    again = script_line("search.py", "--resume", "--out", folder, "--config", folder / "config.yaml")
+    return (f": the race of the search in {folder} has not finished, and it writes genotype.json (the answer) when it "
+            f"ends; a stopped race continues with {again}; meanwhile {folder / SUPERNET_FILE} holds the supernet's read-off")

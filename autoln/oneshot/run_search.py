@@ -28,7 +28,7 @@ from autoln.core.locks import FolderLock
 from autoln.models.resources import check_fits
 from autoln.oneshot.search_loop import ReadOff, SearchData, SearchLoop, sdarts_noise, temperature  # noqa: F401 - sdarts_noise, temperature: their old home
 from autoln.oneshot.search_pieces import (Checkpointing, EvalHook as EvalPiece, Monitor, Progress, TensorBoard, genotype_markdown,  # noqa: F401
-                            resume_loop, score_markdown, selection_markdown)
+                            own_site_tag, resume_loop, score_markdown, selection_markdown)
 from autoln.oneshot.architect import weight_step  # noqa: F401 - looked up at each call (late): see late_bound
 from autoln.oneshot.selection import clear_winner, perturbation_select, score_select  # noqa: F401 - as weight_step
 from autoln.models.supernet import Supernet
@@ -180,7 +180,7 @@ def search_pieces(cfg: Config, out: Path, corpus, model, device, a_chunks, on_ev
         Logger(out, cfg.logging.tensorboard and main, purge_step=start + 1 if start else None), out, cfg.logging.log_every,
         lambda choices: genotype_names(choices, model.candidates, mc.granularity),
         intro={"config": "```yaml\n" + cfg.to_yaml() + "```", "data": corpus.describe()},
-        pictures=main and cfg.logging.tensorboard))
+        pictures=main and cfg.logging.tensorboard, site_tag=own_site_tag))
     if on_eval is not None:
         pieces.append(EvalPiece(on_eval))
     pieces.append(Progress(cfg.logging.progress and main, progress_text(cfg, corpus)))

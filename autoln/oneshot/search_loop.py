@@ -29,7 +29,7 @@ from autoln.oneshot.architect import WEIGHT_STEPS, Architect
 from autoln.config import SearchConfig
 from autoln.core.errors import DivergenceError
 from autoln.space.mixing import linear
-from autoln.oneshot.selection import ScoreSelection, Selection, perturbation_select, score_select
+from autoln.oneshot.selection import ScoreSelection, Selection, most_scored, perturbation_select, score_select
 from autoln.models.supernet import SupernetMixin
 from autoln.engine.training import weight_optimizer
 
@@ -97,8 +97,12 @@ class Callback:
         """A non-finite step skipped under ``on_divergence: skip_batch``; ``skipped`` counts them
         (the search's, or the read-off's fine-tuning's)."""
 
+    def on_read_off_start(self, loop: "SearchLoop", work: "ReadOffWork") -> None:
+        """The read-off begins (after the last step): what it will do and its estimated time;
+        ``loop.work_done`` counts its estimated seconds done at each :meth:`on_decided`."""
+
     def on_selection_start(self, loop: "SearchLoop", total: Optional[int], desc: str, unit: str) -> None:
-        """The read-off begins: ``total`` decisions (None: unknown) of ``unit`` s."""
+        """A part of the read-off begins: ``total`` decisions (None: unknown) of ``unit`` s."""
 
     def on_decided(self, loop: "SearchLoop") -> None:
         """One decision of the read-off made (a site decided, a genotype scored)."""
@@ -155,6 +159,28 @@ class ReadOff:
     fine_tuning_skipped: int = 0
     early: Optional[dict] = None
     shortlist: list = field(default_factory=list)
+
+
+@dataclass
+class ReadOffWork:
+    """What a read-off will do, for its start line and its time left: ``parts`` in words, the
+    selection-loss ``evaluations`` and fine-tuning ``steps`` it runs at most, and the seconds of
+    one of each (an evaluation timed before it starts, a step at the search's own rate)."""
+
+    parts: list[str]
+    evaluations: int
+    steps: int
+    evaluation_s: float
+    step_s: float
+
+    def seconds(self, evaluations: int = 0, steps: int = 0) -> float:
+        """The estimated seconds of ``evaluations`` selection-loss evaluations and ``steps`` steps."""
+        return evaluations * self.evaluation_s + steps * self.step_s
+
+    @property
+    def total_s(self) -> float:
+        """The whole read-off's estimated seconds."""
+        return self.seconds(self.evaluations, self.steps)
 
 
 def unscored_batch(batches: dict) -> Optional[str]:
@@ -227,6 +253,9 @@ class SearchLoop:
         self.session = time.perf_counter()  # reset when :meth:`run` starts
         self.batches: dict = {}  # the last bilevel step's D_w and D_alpha batches
         self.pieces = [*([self.checkpointing] if self.checkpointing is not None else []), *self.callbacks]
+        self.step_s: Optional[float] = None  # seconds per search step in this session (the read-off's estimate)
+        self.work: Optional[ReadOffWork] = None
+        self.work_done = 0.0  # the read-off's estimated seconds done so far
 
     def emit(self, hook: str, *args) -> None:
         """Call ``hook`` of every piece, in order."""
@@ -294,7 +323,9 @@ class SearchLoop:
         try:
             self.emit("on_start")
             todo = range(self.start + 1, sc.steps + 1) if self.state["stopped_at"] is None else range(0)
+            began, ran = time.perf_counter(), 0
             for step in todo:
+                ran += 1
                 self.step = step
                 self.model.tau = temperature(sc, step)
                 alpha_step = step > sc.arch_warmup_steps and sc.arch_lr > 0  # arch_lr 0: alphas fixed at their start
@@ -314,6 +345,7 @@ class SearchLoop:
                 self.emit("on_step_end", step, evaluation)
                 if self.state["stopped_at"] is not None:
                     break
+            self.step_s = (time.perf_counter() - began) / ran if ran else None
             return self.read_off()
         finally:
             self.emit("on_close")
@@ -321,6 +353,9 @@ class SearchLoop:
     def read_off(self) -> ReadOff:
         """The genotype per ``sc.selection`` (argmax of the pre-rise alphas after an early stop)."""
         sc, stopped = self.sc, self.state["stopped_at"]
+        self.work, self.work_done = self.read_off_work(), 0.0
+        if self.work is not None:
+            self.emit("on_read_off_start", self.work)
         shortlist = self.scored_shortlist() if self.shortlist and sc.selection != "score" else []
         if stopped is not None:  # R-DARTS returns the architecture from before the rise, as it was then
             step, probs = self.state["early"]  # set by the piece that stopped it (the collapse monitor)
@@ -341,6 +376,30 @@ class SearchLoop:
         self.emit("on_read_off", out)
         return out
 
+    def read_off_work(self) -> Optional[ReadOffWork]:
+        """What :meth:`read_off` will do (None: nothing but an argmax), one selection-loss
+        evaluation timed on the supernet as it stands (no weight, alpha or random state changes)."""
+        sc, k, n = self.sc, len(self.model.candidates), self.model.alphas.shape[0]
+        parts, evaluations, steps = [], 0, 0
+        if self.shortlist and sc.selection != "score":
+            parts.append(f"scoring up to {most_scored(k, n)} genotypes for the race's shortlist")
+            evaluations += most_scored(k, n)
+        if self.state["stopped_at"] is None and sc.selection == "perturbation":
+            parts.append(f"perturbation selection of {n} sites ({k + 1} loss evaluations each, "
+                         f"{sc.selection_tune_steps} fine-tuning steps between two)")
+            evaluations, steps = evaluations + n * (k + 1), (n - 1) * sc.selection_tune_steps
+        elif self.state["stopped_at"] is None and sc.selection == "score":
+            parts.append(f"scoring up to {most_scored(k, n)} genotypes")
+            evaluations += most_scored(k, n)
+        if not parts:
+            return None
+        began = time.perf_counter()
+        with torch.no_grad():
+            self.data.selection_loss(self.model.mixing_weights())
+        fallback = self.state["wall_time_s"] / self.start if self.start else 0.0  # a run resumed after its last step
+        return ReadOffWork(parts, evaluations, steps, time.perf_counter() - began,
+                           self.step_s if self.step_s is not None else fallback)
+
     def scored_shortlist(self) -> list:
         """The best :attr:`shortlist` whole genotypes of the trained supernet by one-hot score
         (:func:`autoln.oneshot.selection.score_select` on the read-off's windows), before any read-off
@@ -356,9 +415,11 @@ class SearchLoop:
         stop check after each genotype (``while_`` says where a stop came, ``desc`` names the bar)."""
         where = f"{while_} (which starts again from the checkpoint of the search's last step)"
         self.set_stop_when(where)
-        self.emit("on_selection_start", None, desc, "genotype")
+        k, n = len(self.model.candidates), self.model.alphas.shape[0]
+        self.emit("on_selection_start", most_scored(k, n), desc, "genotype")
 
         def scored_one(_: int) -> None:
+            self.work_done += self.work.evaluation_s if self.work is not None else 0.0
             self.emit("on_decided")
             self.stop_if_signalled(where)
 
@@ -383,6 +444,7 @@ class SearchLoop:
                                   "perturbation-based selection)", tune_state)
             self.stop_if_signalled("during perturbation-based selection (which starts again from the checkpoint of the "
                             "search's last step)")
+            self.work_done += self.work.seconds(len(self.model.candidates) + 1, sc.selection_tune_steps) if self.work else 0.0
             self.emit("on_decided")
 
         self.set_stop_when("after this site's decision and fine-tuning (the selection starts again from the checkpoint of "
@@ -391,6 +453,7 @@ class SearchLoop:
         self.emit("on_selection_start", len(order), "perturbation selection", "site")
         try:
             selection = self.perturbation_select(self.model, self.data.selection_loss, tune, order)
+            self.work_done += self.work.seconds(len(self.model.candidates) + 1) if self.work else 0.0
             self.emit("on_decided")
         finally:
             self.emit("on_selection_end")

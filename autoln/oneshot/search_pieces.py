@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -24,12 +25,13 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from autoln.engine.checkpoint import Checkpointer, StopSignals, set_rng_state
 from autoln.oneshot.monitor import DELTA, RATIO, WINDOW, CollapseMonitor
 from autoln.oneshot.search_loop import Callback, ReadOff, SearchLoop
 from autoln.core.tb import Logger, write_alpha_pictures
-from autoln.engine.training import progress_bar, progress_line
+from autoln.engine.training import TimeLeft, progress_bar, progress_line
 
 
 def genotype_markdown(probs: np.ndarray, sites: list[str], candidates: list[str], chosen: Optional[list[int]] = None) -> str:
@@ -158,17 +160,28 @@ class Monitor(Callback):
                           f"{loop.state['early'][0]}, before the rise")
 
 
+def own_site_tag(module_name: str) -> str:
+    """A site of autoln's own model as its alpha tags spell blocks: ``blocks.0.attn_site`` ->
+    ``block0.attn`` (the attention site of block 0, whose alpha row is ``block0`` at granularity
+    ``layer`` and ``block0.attn`` at ``sublayer``); any other name as it is."""
+    match = re.fullmatch(r"blocks\.(\d+)\.(attn|ffn)_site", module_name)
+    return f"block{match[1]}.{match[2]}" if match else module_name
+
+
 class TensorBoard(Callback):
     """What a search logs (tags as docs/tensorboard.md): ``train/*``, ``lr/*``, ``search/tau``,
     ``alpha/<site>/<candidate>`` and the heat map, ``valid/*``, ``monitor/*``, ``entropy/<site>``,
     the genotype, the read-off's tables, ``valid_selected/*``; at the end ``alphas.png`` and
     ``alphas_heatmap.png`` in ``out`` (when ``pictures``). ``intro``: texts (tag -> Markdown)
-    logged at step 0 of a new run. ``describe(choices)``: a genotype's one-line name."""
+    logged at step 0 of a new run. ``describe(choices)``: a genotype's one-line name.
+    ``site_tag(module_name)``: a searched site's name in the tags ``scale/<site>/<candidate>`` and
+    ``share/<site>/<candidate>``, spelled as the alpha tags spell sites (default the module name,
+    which is a user's model's site name; :func:`own_site_tag` for autoln's own model)."""
 
     def __init__(self, log: Logger, out: Path, log_every: int, describe: Callable[[list[int]], str],
-                 intro: Optional[dict] = None, pictures: bool = True) -> None:
+                 intro: Optional[dict] = None, pictures: bool = True, site_tag: Callable[[str], str] = str) -> None:
         self.log, self.out, self.log_every, self.describe = log, Path(out), log_every, describe
-        self.intro, self.pictures = intro or {}, pictures
+        self.intro, self.pictures, self.site_tag = intro or {}, pictures, site_tag
 
     def on_start(self, loop: SearchLoop) -> None:
         model, log = loop.model, self.log
@@ -207,8 +220,8 @@ class TensorBoard(Callback):
             log.scalar("monitor/mean_entropy", record["mean_entropy"], step)
             log.scalar("monitor/genotype_changed", float(record["genotype_changed"]), step)
         for site, scales in record.get("scales", {}).items():
-            log.scalars(scales["rms"], step, f"scale/{site}")
-            log.scalars(scales["share"], step, f"share/{site}")
+            log.scalars(scales["rms"], step, f"scale/{self.site_tag(site)}")
+            log.scalars(scales["share"], step, f"share/{self.site_tag(site)}")
         log.flush()
 
     def on_skipped_batch(self, loop: SearchLoop, step: int, skipped: int) -> None:
@@ -253,13 +266,17 @@ class EvalHook(Callback):
 
 class Progress(Callback):
     """A tqdm bar over the steps and over the read-off's decisions (on a terminal), and one line
-    per evaluation in a redirected log. ``describe(loop, stats)``: the bar's text after a step
-    (e.g. the training and valid loss and the current argmax)."""
+    per evaluation in a redirected log; the read-off says when it starts (what it does and its
+    estimated time) and when it ends, and in a redirected log up to about ten lines per part
+    with the read-off's time left. ``describe(loop, stats)``: the bar's text after a step (e.g.
+    the training and valid loss and the current argmax)."""
 
     def __init__(self, show: bool, describe: Callable[[SearchLoop, dict], str]) -> None:
         self.show, self.describe = show, describe
         self.bar = self.selection_bar = None
         self.stats: dict = {}
+        self.read_off_left: Optional[TimeLeft] = None
+        self.part = ("", None, "", 0)  # the read-off's current part: its name, total, unit, decisions made
 
     def on_start(self, loop: SearchLoop) -> None:
         done = loop.state["stopped_at"] is not None
@@ -279,13 +296,33 @@ class Progress(Callback):
             progress_line(self.show, f"search step {step}/{loop.sc.steps}: {text} ({self.bar.time_left.text(step)} for the steps, "
                                      "then the read-off)")
 
+    def on_read_off_start(self, loop: SearchLoop, work) -> None:
+        self.close_bar()
+        self.read_off_left = TimeLeft(0, work.total_s)
+        if self.show:
+            print(f"read-off: {'; then '.join(work.parts)}: about {tqdm.format_interval(work.total_s)} (a loss evaluation "
+                  f"takes {work.evaluation_s:.3g} s, a step {work.step_s:.3g} s)", file=sys.stderr, flush=True)
+
     def on_selection_start(self, loop: SearchLoop, total: Optional[int], desc: str, unit: str) -> None:
         self.close_bar()
         self.selection_bar = progress_bar(show=self.show, total=total, desc=desc, unit=unit)
+        self.part = (desc, total, unit, 0)
 
     def on_decided(self, loop: SearchLoop) -> None:
         if self.selection_bar is not None:
             self.selection_bar.update(1)
+        desc, total, unit, done = self.part
+        self.part = (desc, total, unit, done + 1)
+        every = 1 if not total or total <= 20 else math.ceil(total / 10)
+        if self.read_off_left is not None and ((done + 1) % every == 0 or done + 1 == total):
+            progress_line(self.show, f"read-off: {desc} {done + 1}{f'/{total}' if total else ''} {unit}s "
+                                     f"({self.read_off_left.text(loop.work_done)} for the read-off)")
+
+    def on_read_off(self, loop: SearchLoop, read_off: ReadOff) -> None:
+        if self.read_off_left is not None and self.show:
+            spent = self.read_off_left.clock() - self.read_off_left.t0
+            print(f"read-off: done in {tqdm.format_interval(spent)} (estimated "
+                  f"{tqdm.format_interval(self.read_off_left.total)})", file=sys.stderr, flush=True)
 
     def on_selection_end(self, loop: SearchLoop) -> None:
         if self.selection_bar is not None:

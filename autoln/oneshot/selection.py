@@ -123,6 +123,15 @@ class ScoreSelection:
     top: list[tuple[list[int], float]]
 
 
+def most_scored(k: int, n_sites: int, max_exhaustive: int = 4096, population: int = 50, generations: int = 20) -> int:
+    """How many genotypes :func:`score_select` scores at most with these settings: every one of
+    the ``k^n_sites`` when they are at most ``max_exhaustive``, else ``population`` per
+    generation (e.g. ``(3, 12) -> 1000``; the evolution may score fewer, a child seen before is
+    not scored again)."""
+    space = k ** n_sites
+    return space if space <= max_exhaustive else min(space, population * generations)
+
+
 def score_select(model: Supernet, loss: LossFn, seed: int, max_exhaustive: int = 4096, population: int = 50,
                  generations: int = 20, keep: int = 10, mutation: float = 0.1,
                  progress: Callable[[int], None] | None = None) -> ScoreSelection:

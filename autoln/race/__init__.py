@@ -15,7 +15,7 @@ real retrains (docs/design.md §10, docs/race.md).
   longer budgets, ``race.horizons``).
 - :mod:`~autoln.race.run_race`: ``search.py``'s race: the rule's retrains as jobs of the tune
   study's storage (resumable, several workers), ``race.json``; :mod:`~autoln.race.figure`:
-  ``race.png``.
+  ``race.png`` and the race's TensorBoard entries.
 
 Hands the faces (:mod:`autoln.cli`, :mod:`autoln.api`) the answer and its verdict line.
 """

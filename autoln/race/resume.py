@@ -25,9 +25,9 @@ from typing import Any, Optional
 from autoln.config import PLACE_KEYS, Config
 from autoln.core.commands import script_line
 from autoln.core.errors import ConfigError, OutputError
+from autoln.models.genotype import SUPERNET_FILE
 
 RACE_DIR = "race"
-SUPERNET_FILE = "supernet_genotype.json"
 GENOTYPE_FILE = "genotype.json"
 #: What the race's study record calls a setting of the config (the rule's fields are ``race.*``).
 RECORD_KEYS = {"full_steps": "retrain.steps", "seed": "retrain.seed"}

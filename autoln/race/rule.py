@@ -49,8 +49,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
 
 from autoln.race.sequential import SPENDING, Design, decide, resolved
 

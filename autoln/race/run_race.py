@@ -19,8 +19,9 @@ When the race is done the command writes, in the search folder:
 - ``genotype.json``: the answer (a named placement, or the searched genotype that beat it), the
   verdict in its ``provenance.race``; ``retrain.py --genotype`` takes it as it is;
 - ``race/race.json``: the rule, the pool, every rung and retrain (entry, steps, seed, value,
-  wall time) and the verdict; ``race/race.png``: each entry's value per rung and the finalists'
-  seeds; TensorBoard's HParams table of the entries in ``race/hparams``.
+  wall time) and the verdict; ``race/race.png`` (:mod:`autoln.race.figure`): the short rungs, the
+  full-budget entries and the final's paired seeds, the verdict as its caption; TensorBoard's
+  HParams table of the entries in ``race/hparams`` and the verdict as text in ``race/verdict``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 
 from autoln.engine.checkpoint import CHECKPOINT_FILE, Interrupted
 from autoln.core.commands import resume_command
@@ -45,17 +45,17 @@ from autoln.retrain.compare import retrain_one
 from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
 from autoln.core.errors import OutputError
-from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, site_rows
+from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, over_candidates, site_rows
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
 from autoln.race.propose import Proposer, Space, make_proposer
 from autoln.race.resume import GENOTYPE_FILE, RACE_DIR, SUPERNET_FILE, compare_record, journal_message, ready_race_journal
-from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin, rung_steps
-from autoln.race.schedule import Plan, most_steps, plan, proposal_names, steps_done
-from autoln.race.figure import race_figure
+from autoln.race.rule import Entry, Job, RaceRule, make_pool, origin
+from autoln.race.schedule import Plan, most_steps, plan, proposal_names, rungs_text, steps_done
+from autoln.race.figure import race_figure, race_tensorboard
 from autoln.race.verdict import Verdict, verdict
 from autoln.engine.training import TimeLeft
-from autoln.tune import open_storage, write_hparams
+from autoln.tune import open_storage
 from autoln.tune.journal import JournalDamaged
 
 RACE_FILE = "race.json"
@@ -428,19 +428,20 @@ def race_values(setup: RaceSetup, workers: int) -> tuple[dict, dict]:
 
 
 def describe_pool(setup: RaceSetup) -> None:
-    """Print the pool, the aliases and the rule (stderr)."""
+    """Print the pool, the aliases, the rungs that will run (:func:`autoln.race.schedule.rungs_text`)
+    and the rule (stderr)."""
     width = max(len(e.name) for e in setup.entries)
     rows = [f"  {e.name:{width}s}  {e.kind:8s}  {e.placements}" for e in setup.entries]
     same = [f"{a} = {b}" for a, b in setup.aliases.items()]
-    steps = rung_steps(setup.full_steps, setup.rule)
     print(f"autoln race -> {setup.folder / RACE_DIR}\n  pool ({len(setup.entries)}):\n" + "\n".join(rows)
           + (f"\n  the same genotype: {', '.join(same)}" if same else "")
-          + f"\n  rungs at {steps} steps; {setup.rule.describe()}", file=sys.stderr, flush=True)
+          + f"\n  rungs: {rungs_text(setup.entries, setup.full_steps, setup.rule)}\n  rule: {setup.rule.describe()}",
+          file=sys.stderr, flush=True)
 
 
 def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     """The verdict, ``genotype.json`` (the answer with the verdict in its provenance),
-    ``race.json``, ``race.png`` and the HParams table."""
+    ``race.json``, ``race.png``, the HParams table and the verdict's text."""
     p = setup.plan(values)
     everyone = setup.entries + p.proposed
     unit = UNITS.get(setup.headline, setup.headline)
@@ -463,22 +464,15 @@ def finish_race(setup: RaceSetup, values: dict, info: dict) -> RaceResult:
     provenance = {**supernet.provenance, "race": {k: record["verdict"][k] for k in ("answer", "outcome", "line", "p_value")}
                   | {"rule": record["rule"], "record": f"{RACE_DIR}/{RACE_FILE}", "supernet_genotype": SUPERNET_FILE}}
     if v.answer.named:
-        answer = baseline(v.answer.name, supernet.model_config(setup.cfg.model), supernet.model["vocab_size"])
+        named = baseline(v.answer.name, supernet.model_config(setup.cfg.model), supernet.model["vocab_size"])
+        answer = over_candidates(named, supernet.candidates)  # the file still says what was searched
     else:
         answer = Genotype.load(setup.specs[v.answer.name])
     answer = dataclasses.replace(answer, provenance=provenance)
     path = answer.save(folder / GENOTYPE_FILE)
     if setup.cfg.logging.tensorboard:
         race_figure(record, folder / RACE_DIR / "race.png")
-        for e in everyone:
-            mine = [j for j in jobs if j["entry"] == e.name and j["value"] is not None]
-            metrics = {f"race/steps{j['steps']}_seed{j['seed']}": j["value"] for j in mine}
-            finals = [j["value"] for j in mine if j["steps"] == setup.full_steps]
-            if finals:
-                metrics["race/final_mean"] = float(np.mean(finals))
-            write_hparams(folder / RACE_DIR / "hparams" / e.name, {"entry": e.name, "kind": e.kind, "origin": origin(e),
-                                                                   "placements": e.placements,
-                                                                   "answer": e.name == v.answer.name}, metrics)
+        race_tensorboard(record, folder / RACE_DIR)
     return RaceResult(v, p, path, record_path, record)
 
 

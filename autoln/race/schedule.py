@@ -53,21 +53,59 @@ class Plan:
     proposed: list[Entry] = field(default_factory=list)
 
 
-def round_steps(n: int, full_steps: int, rule: RaceRule) -> int:
-    """The retrain steps of one round of ``n`` searched entries at most: its short rungs and the
-    survivor's seed 0 at ``full_steps``. E.g. ``(5, 1000, eta 3, 3 rungs) -> 5 * 111 + 2 * 333 +
-    1000 = 2221``.
+def round_rungs(n: int, full_steps: int, rule: RaceRule) -> list[tuple[int, int]]:
+    """``(steps, entries)`` of every rung one round of ``n`` searched entries runs (seed 0): the
+    short rungs while more than one entry is left, then the survivor at ``full_steps``; ``[]``
+    for ``n`` 0. E.g. ``(5, 1000, eta 3, 3 rungs) -> [(111, 5), (333, 2), (1000, 1)]``, and
+    ``(3, ...) -> [(111, 3), (1000, 1)]``: the best of 3 at 111 steps is alone, so the 333-step
+    rung does not run (:func:`plan` runs exactly these).
 
     Raises:
         ValueError: as :func:`autoln.race.rule.rung_steps`."""
-    steps = rung_steps(full_steps, rule)
-    total, alive, short = 0, n, steps[:-1]
+    out, alive, short = [], n, rung_steps(full_steps, rule)[:-1]
     for k, s in enumerate(short):
         if alive <= 1:
             break
-        total += alive * s
+        out.append((s, alive))
         alive = 1 if k == len(short) - 1 else math.ceil(alive / rule.eta)
-    return total + (full_steps if n else 0)
+    return out + ([(full_steps, 1)] if n else [])
+
+
+def round_steps(n: int, full_steps: int, rule: RaceRule) -> int:
+    """The retrain steps of one round of ``n`` searched entries at most: its short rungs and the
+    survivor's seed 0 at ``full_steps`` (:func:`round_rungs`). E.g. ``(5, 1000, eta 3, 3 rungs)
+    -> 5 * 111 + 2 * 333 + 1000 = 2221``.
+
+    Raises:
+        ValueError: as :func:`autoln.race.rule.rung_steps`."""
+    return sum(s * a for s, a in round_rungs(n, full_steps, rule))
+
+
+def rungs_text(entries: Sequence[Entry], full_steps: int, rule: RaceRule) -> str:
+    """What :func:`plan` will run over ``entries``, in words, for the pool's printout: e.g.
+    ``3 searched at 111 steps, the best 1 at 1000; 5 named at 1000; the final at 1000 steps, 3
+    to 6 seeds`` (every number a rung that runs: :func:`round_rungs`).
+
+    Raises:
+        ValueError: as :func:`autoln.race.rule.rung_steps`."""
+    searched, named = sum(not e.named for e in entries), sum(e.named for e in entries)
+    final = f"the final at {full_steps} steps, {rule.final_seeds} to {rule.max_seeds} seeds"
+    if len(rule.horizons) > 1:
+        final += f" (then at {', '.join(str(k * full_steps) for k in rule.horizons[1:])} steps if the searched one leads)"
+    if rule.proposer == "none" and (len(entries) <= 3 or len(rung_steps(full_steps, rule)) == 1):
+        return f"no short rung ({len(entries)} entries go straight to the final): {final}"
+
+    def rungs(n: int, who: str) -> str:
+        (s0, n0), *rest = round_rungs(n, full_steps, rule)
+        return ", ".join([f"{n0} {who} at {s0} steps"] + [f"the best {a} at {s}" for s, a in rest])
+
+    parts = [rungs(searched, "searched")] if searched else []
+    rounds = proposal_rounds(searched, full_steps, rule)
+    if rule.proposer != "none" and not searched:
+        parts.append(rungs(rule.proposals, f"proposed by {rule.proposer}"))
+    if rounds:
+        parts.append(f"then up to {rounds} rounds of " + rungs(rule.proposals, f"proposed by {rule.proposer}"))
+    return "; ".join(parts + ([f"{named} named at {full_steps}"] if named else []) + [final])
 
 
 def proposal_rounds(first: int, full_steps: int, rule: RaceRule) -> int:

@@ -34,7 +34,7 @@ from pathlib import Path
 from autoln.config import Config, with_defaults
 from autoln.core.commands import again_command
 from autoln.core.errors import ConfigError, GenotypeError
-from autoln.models.genotype import BASELINES, Genotype, is_baseline
+from autoln.models.genotype import BASELINES, Genotype, is_baseline, unfinished_race_hint
 from autoln.core.locks import FolderLock
 from autoln.retrain.ranking import mean_std, vs_best  # noqa: F401 (mean_std re-exported for the experiments)
 from autoln.core.io import read_json, save_figure_atomic, write_json_atomic, write_text_atomic
@@ -95,7 +95,8 @@ def comparison_config(cfg: Config, genotype_files: list[str]) -> Config:
         if Path(spec).is_dir():
             raise GenotypeError(f"--genotype {spec!r} is a folder; expected a genotype.json file")
         if not Path(spec).is_file():
-            raise GenotypeError(f"--genotype {spec!r}: no such file (baseline names go in --baselines: {list(BASELINES)})")
+            raise GenotypeError(f"--genotype {spec!r}: no such file" + (f" yet{unfinished_race_hint(spec)}" if unfinished_race_hint(spec) else
+                                f" (baseline names go in --baselines: {list(BASELINES)})"))
         models.append((spec, Genotype.load(spec).model_config(cfg.model)))
     first_spec, first = models[0]
     for spec, mc in models[1:]:

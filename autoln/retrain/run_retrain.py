@@ -28,7 +28,8 @@ from autoln.data import (HEADLINE, WindowSampler, check_lengths, estimate_starts
 from autoln.models.diagnostics import SpikeCounter, logits, snapshot
 from autoln.engine.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
 from autoln.core.errors import ConfigError, FolderInUse, GenotypeError, OutputError
-from autoln.models.genotype import BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline
+from autoln.models.genotype import (BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline,
+                                    unfinished_race_hint)
 from autoln.space.placements import placement_names
 from autoln.core.io import write_json_atomic, write_text_atomic
 from autoln.core.locks import FolderLock
@@ -111,6 +112,8 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
         return baseline(spec, cfg.model, vocab_size)
     if spec and Path(spec).is_dir():
         raise GenotypeError(f"--genotype {spec!r} is a folder; give its genotype.json (e.g. {Path(spec) / 'genotype.json'})")
+    if spec and unfinished_race_hint(spec) and not Path(spec).exists():
+        raise GenotypeError(f"--genotype {spec!r}: no such file yet{unfinished_race_hint(spec)}")
     if not spec or not Path(spec).is_file():
         import difflib
 

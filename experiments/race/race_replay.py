@@ -286,7 +286,6 @@ def check_named(s: Setup, args) -> str:
 
 def check_run(s: Setup, args) -> str:
     """Run ``args.check_run``'s race for real (module docstring) and compare it with the simulation."""
-    from autoln.race import rule as R
     from autoln.race import schedule as S
     from autoln.race import verdict as V
     from autoln.race.run_race import job_config, rule_of
