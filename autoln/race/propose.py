@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -108,7 +109,7 @@ def longest(seen: Seen) -> dict[str, float]:
     return {g: z for g, (_, z) in best.items()}
 
 
-class Proposer:
+class Proposer(ABC):
     """The base of every proposer: ``proposer(round, n, seen, taken)`` returns at most ``n``
     placements strings not in ``taken``, the same for the same arguments (memoised; the random
     stream is seeded by ``(seed, round)``). Subclasses implement :meth:`propose`."""
@@ -130,9 +131,9 @@ class Proposer:
             self._memo[key] = fill_random(self.space, out[:n], n, taken, rng)
         return list(self._memo[key])
 
+    @abstractmethod
     def propose(self, r: int, n: int, seen: Seen, taken: frozenset, rng: np.random.Generator) -> list[str]:
         """Up to ``n`` new placements strings (duplicates and taken ones are dropped by the caller)."""
-        raise NotImplementedError
 
 
 def fill_random(space: Space, out: list[str], n: int, taken: frozenset, rng: np.random.Generator) -> list[str]:
@@ -256,9 +257,9 @@ class OptunaProposer(Proposer):
     :func:`longest`), then ``n`` asks, each told the worst value seen (a constant liar, so the
     asks differ)."""
 
+    @abstractmethod
     def sampler(self, r: int):
         """The Optuna sampler of round ``r`` (seeded by the proposer's seed and ``r``)."""
-        raise NotImplementedError
 
     def propose(self, r, n, seen, taken, rng):
         import optuna
