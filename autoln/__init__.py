@@ -8,7 +8,7 @@ read-off), :mod:`retrain`, :mod:`tune`, :mod:`race`, and on top the two faces, :
 own model) and :mod:`cli` (``search.py``, ``retrain.py``), with :mod:`diagnose`.
 
 The public API for a model of your own (README, *Your own model*), imported on first use:
-``autoln.Site``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
+``autoln.Site``, ``autoln.QKNorm``, ``autoln.SearchModel``, ``autoln.search``, ``autoln.derive``,
 ``autoln.SiteGenotype``, ``autoln.load_derived``, ``autoln.SearchConfig``,
 ``autoln.deepnorm_weights``, ``autoln.compare_genotypes`` (:mod:`api.comparing`),
 ``autoln.race_genotypes`` (:mod:`api.racing`) and ``autoln.map_state_dict`` (:mod:`api.state_dicts`).
@@ -16,7 +16,7 @@ The public API for a model of your own (README, *Your own model*), imported on f
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"Site": "models.site", "SearchModel": "api.search_model", "search": "api.searching",
+_PUBLIC = {"Site": "models.site", "QKNorm": "models.qk_norm", "SearchModel": "api.search_model", "search": "api.searching",
            "derive": "api.deriving", "SiteGenotype": "api.site_genotype", "load_derived": "api.deriving",
            "SearchOutcome": "api.searching", "SearchConfig": "config", "deepnorm_weights": "space.branches",
            "compare_genotypes": "api.comparing", "Comparison": "api.comparing", "race_genotypes": "api.racing",

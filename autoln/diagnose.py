@@ -71,7 +71,7 @@ def run_diagnose(cfg, genotype_spec: str, out: str | Path, steps: int, overwrite
     device, corpus, genotype, cfg = prepare_derived(cfg, genotype_spec, out, overwrite)
     mc = cfg.model
     seed_everything(rc.seed)
-    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
+    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements(), genotype.qk_choices()).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     train, valid = corpus.splits["train"], corpus.splits["valid"]

@@ -17,6 +17,8 @@ Variants, each with its own model and optimizers, on real windows of the config'
 | ``naive_order1`` | a first-order iteration of that naive supernet |
 | ``wide_weight`` | the weight step of the supernet over all seven placements (:data:`WIDE`: three branch inputs per site) |
 | ``common_weight`` | ``supernet_weight`` with ``search.candidate_scale: common`` (each candidate at the mixture's RMS; issue 44: within 10 % of ``supernet_weight``) |
+| ``qk_weight`` | ``supernet_weight`` with QK-norm searched too (``model.qk_norm: [none, qk, qk-all]``: its own alphas, three QK candidates mixed in every attention) |
+| ``qk_order1`` | ``search_order1`` with QK-norm searched too |
 | ``example_derived`` | a training step of ``examples/gpt.py`` (nanoGPT's model.py with the README's diff, bias-free), Pre-LN |
 | ``example_weight`` | the weight step of that model searched through the public API (``autoln.SearchModel``, ``model.candidates`` at every site) |
 
@@ -73,11 +75,12 @@ from autoln.data import WindowSampler, check_lengths, load_corpus
 from autoln.core.errors import ConfigError
 from autoln.core.io import write_json_atomic
 from autoln.models.model import build_derived
+from autoln.space.qk import QK_NORMS
 from autoln.models.supernet import Supernet, set_candidate_scale
 from autoln.engine.training import prepare_model, resolve_device, train_step, weight_optimizer
 
 VARIANTS = ("derived", "supernet_weight", "search_order1", "search_order2", "naive_weight", "naive_order1", "wide_weight",
-            "example_derived", "example_weight", "common_weight")
+            "example_derived", "example_weight", "common_weight", "qk_weight", "qk_order1")
 #: The widened candidate list of ``wide_weight``: every registered placement.
 WIDE = ["pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"]
 SCALING_VARIANTS = ("derived", "supernet_weight", "search_order1")
@@ -134,6 +137,10 @@ def build_runners(cfg: Config, vocab_size: int, batches: list, device: torch.dev
         if name == "wide_weight":
             torch.manual_seed(sc.seed)
             model = Supernet(replace(mc, candidates=WIDE), vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing)
+        elif name.startswith("qk_"):  # the same supernet's weights (drawn first), plus QK-norm searched
+            torch.manual_seed(sc.seed)
+            model = Supernet(replace(mc, qk_norm=list(QK_NORMS)), vocab_size, sc.arch_init_std, sc.tau_start, sc.mixing,
+                             sc.candidate_scale)
         else:
             model = copy.deepcopy(base)
         if name.startswith("naive"):
@@ -349,6 +356,11 @@ def print_result(res: dict) -> None:
         floor = v["wide_weight"]["gflops_per_step"] / v["derived"]["gflops_per_step"]
         print(f"wide_weight ({len(WIDE)} candidates, 3 branch inputs per site): time {v['wide_weight']['time_ratio']:.2f}x, "
               f"memory {v['wide_weight']['memory_ratio']:.2f}x derived; FLOP floor {floor:.2f}x")
+    for qk, plain in (("qk_weight", "supernet_weight"), ("qk_order1", "search_order1")):
+        if {qk, plain} <= set(res["variants"]):  # the fastest steps, as time_ratio
+            v = res["variants"]
+            print(f"{qk} / {plain} (QK-norm searched beside the placements, against not): "
+                  f"{v[qk]['ms_per_step_best'] / v[plain]['ms_per_step_best']:.3f}")
     if {"common_weight", "supernet_weight"} <= set(res["variants"]):
         v = res["variants"]
         ratio = v["common_weight"]["ms_per_step_best"] / v["supernet_weight"]["ms_per_step_best"]  # the fastest steps, as time_ratio

@@ -25,7 +25,7 @@ from torch import nn
 
 from autoln.api.deriving import derive
 from autoln.api.site_genotype import SiteGenotype, as_site_genotype
-from autoln.api.sites import as_number, as_pair, check_build, check_names, searchable_sites
+from autoln.api.sites import as_number, as_pair, check_build, check_names, plain_qk_choices, searchable_sites
 from autoln.config import RetrainConfig
 from autoln.core.errors import GenotypeError, cut
 from autoln.core.modes import train_mode
@@ -119,7 +119,7 @@ def uniform(model: nn.Module, placement: str) -> SiteGenotype:
         raise ValueError(f"autoln.compare_genotypes: baselines: {placement!r} is not among the sites' candidates {cands}")
     k = cands.index(placement)
     return SiteGenotype(cands, {n: placement for n, _ in sites},
-                        {n: [1.0 if i == k else 0.0 for i in range(len(cands))] for n, _ in sites})
+                        {n: [1.0 if i == k else 0.0 for i in range(len(cands))] for n, _ in sites}, {}, *plain_qk_choices(model))
 
 
 def default_train(train_batches, cfg: RetrainConfig) -> Callable[[nn.Module, int], None]:

@@ -18,9 +18,10 @@ from torch import nn
 
 from autoln.api.search_model import SearchModel
 from autoln.api.site_genotype import SiteGenotype, as_site_genotype
-from autoln.api.sites import match_sites, model_sites, unwrap
+from autoln.api.sites import match_sites, model_qk_norms, model_sites, unwrap
 from autoln.core.errors import GenotypeError, OutputError
 from autoln.models.model import TransformerLM
+from autoln.models.qk_norm import QKNorm
 from autoln.models.site import hold_for_backward
 from autoln.space.branches import deepnorm_weights as find_deepnorm_weights
 from autoln.space.branches import scale_once
@@ -47,7 +48,9 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
 
     Raises:
         GenotypeError: a site of the genotype that the model lacks, a searched site of the model
-            that the genotype lacks, or a placement the site does not offer.
+            that the genotype lacks, or a placement the site does not offer; the same for the
+            model's :class:`autoln.QKNorm` s and the genotype's QK-norm choices (``qk``), which
+            are kept as the sites are.
         ValueError: ``init`` with DeepNorm sites whose branch weights cannot be found (pass
             ``deepnorm_weights``), or one weight shared by sites of different gains (different
             ``n_layers``); checked before any site is changed.
@@ -74,6 +77,7 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     for name, placement in chosen.items():
         if placement not in sites[name].placements:
             raise GenotypeError(f"site {name!r} offers {list(sites[name].placements)}, not the genotype's {placement!r}")
+    qk_chosen = check_qk(plain, genotype)
     claims = [(name, w, sites[name].placements[chosen[name]].beta) for name, weights in scaled.items() for w in weights]
     scale_once(claims)  # checks every claim before it changes a weight
     for name, placement in chosen.items():
@@ -81,7 +85,40 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
         site.placements = nn.ModuleDict({placement: site.placements[placement]})
         site.mix = None
         hold_for_backward(site, None)
+    for qk, choice in qk_chosen:
+        keep(qk, choice)
     return model
+
+
+def check_qk(model: nn.Module, genotype: SiteGenotype) -> list[tuple[QKNorm, str]]:
+    """The QK-norms of ``model`` that :func:`derive` fixes, with their choice in ``genotype``:
+    every QK-norm the genotype names (by module name, a wrapper's prefix matched as for the
+    sites), checked before anything changes.
+
+    Raises:
+        GenotypeError: a QK-norm of the genotype the model lacks, a searched QK-norm of the model
+            the genotype gives no choice for, a choice the QK-norm does not offer."""
+    qks = dict(model_qk_norms(model))
+    chosen = match_sites(genotype.qk, list(qks)) if genotype.qk else {}
+    missing = [n for n in chosen if n not in qks]
+    if missing:
+        raise GenotypeError(f"the genotype names QK-norms the model lacks: {missing} (the model's: {list(qks)})")
+    unset = [n for n, m in qks.items() if len(m.candidates) > 1 and n not in chosen]
+    if unset:
+        raise GenotypeError(f"the model's searched QK-norms {unset} have no choice in the genotype (its field qk_norm)")
+    for name, choice in chosen.items():
+        if choice not in qks[name].candidates:
+            raise GenotypeError(f"QK-norm {name!r} offers {qks[name].candidates}, not the genotype's {choice!r}")
+    return [(qks[n], c) for n, c in chosen.items()]
+
+
+def keep(qk: QKNorm, choice: str) -> None:
+    """Leave ``qk`` with the one candidate ``choice`` and its own norms (the derived model's QK-norm)."""
+    qk.candidates = [choice]
+    qk.q_norms = nn.ModuleDict({c: m for c, m in qk.q_norms.items() if c == choice})
+    qk.k_norms = nn.ModuleDict({c: m for c, m in qk.k_norms.items() if c == choice})
+    qk.mix = None
+    hold_for_backward(qk, None)
 
 
 def load_derived(run_dir: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
@@ -112,6 +149,6 @@ def load_derived(run_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     recorded = with_defaults(ckpt["config"])
     base = Config().model
     mc = genotype.model_config(replace(base, **{k: v for k, v in recorded["model"].items() if hasattr(base, k)}))
-    model = build_derived(mc, genotype.model["vocab_size"], genotype.block_placements())
+    model = build_derived(mc, genotype.model["vocab_size"], genotype.block_placements(), genotype.qk_choices())
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval()

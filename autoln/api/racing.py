@@ -9,7 +9,7 @@ retrain as :func:`autoln.compare_genotypes` runs one (:mod:`autoln.api.comparing
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -18,7 +18,9 @@ from torch import nn
 from autoln.api.comparing import RunProgress, check_before_training, uniform
 from autoln.api.deriving import derive
 from autoln.api.site_genotype import SiteGenotype, as_site_genotype
-from autoln.api.sites import as_number, check_build, check_names, searchable_sites
+from autoln.api.sites import (as_number, check_build, check_names, plain_qk_choices, qk_one_hot, searchable_qk_norms,
+                              searchable_sites)
+from autoln.space.qk import QK_NAMED, named_qk
 
 
 def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
@@ -26,7 +28,10 @@ def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
     when ``pre`` and ``post`` are candidates, ``mix-ln`` (the sites of the first
     ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) and ``pre-post``
     (the first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``), ``N`` the sites'
-    ``n_layers`` and the block a site's ``layer``.
+    ``n_layers`` and the block a site's ``layer``; where the model has searched
+    :class:`autoln.QKNorm` s, these take none (:func:`autoln.api.sites.plain_qk_choices`), and
+    ``olmo2``, ``gemma3``, ``qwen3`` join where their parts are candidates
+    (:data:`autoln.space.qk.QK_NAMED`).
 
     Raises:
         ValueError: no searchable site."""
@@ -36,12 +41,21 @@ def named_site_genotypes(model: nn.Module) -> dict[str, SiteGenotype]:
     if not sites:
         raise ValueError("autoln.race_genotypes: build() gives a model without an autoln.Site of two or more candidates")
     cands = list(sites[0][1].placements)
+    plain = plain_qk_choices(model)
     out = {f"all-{c}": uniform(model, c) for c in cands}
     if "pre" in cands and "post" in cands:
         for name in ("mix-ln", "pre-post"):
             blocks = named_blocks(name, sites[0][1].n_layers)
             chosen = {s: blocks[site.layer - 1] for s, site in sites}
-            out[name] = SiteGenotype(cands, chosen, {s: [1.0 if c == chosen[s] else 0.0 for c in cands] for s in chosen})
+            out[name] = SiteGenotype(cands, chosen, {s: [1.0 if c == chosen[s] else 0.0 for c in cands] for s in chosen}, {},
+                                     *plain)
+    qks = searchable_qk_norms(model)
+    for name in QK_NAMED:  # the open models' pairings, where their placement and QK-norm are candidates
+        pair = named_qk(name, cands, qks[0][1].candidates) if qks else None
+        if pair is not None:
+            g = uniform(model, pair[0])
+            out[name] = replace(g, **dict(zip(("qk", "qk_candidates", "qk_probabilities"),
+                                              qk_one_hot({n: pair[1] for n, _ in qks}, qks[0][1].candidates))))
     return out
 
 
@@ -50,9 +64,10 @@ def searched_site_genotypes(genotype: SiteGenotype) -> dict[str, SiteGenotype]:
     its probabilities) and ``top1``... (its provenance's ``shortlist``, :func:`autoln.search`)."""
     cands = genotype.candidates
 
-    def one_hot(sites: dict[str, str], name: str) -> SiteGenotype:
+    def one_hot(sites: dict[str, str], name: str) -> SiteGenotype:  # with the read-off's QK-norm choice
         return SiteGenotype(list(cands), dict(sites), {s: [1.0 if c == p else 0.0 for c in cands] for s, p in sites.items()},
-                            {"race_entry": name})
+                            {"race_entry": name}, dict(genotype.qk), list(genotype.qk_candidates),
+                            dict(genotype.qk_probabilities))
 
     out = {"read-off": genotype,
            "argmax": one_hot({s: cands[max(range(len(p)), key=p.__getitem__)] for s, p in genotype.probabilities.items()}, "argmax")}
@@ -230,7 +245,8 @@ def run_entering(entries, steps: int, rule, measure, values: Optional[dict], pro
         for e in plan.proposed:
             if e.name not in genotypes:
                 genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.split())), {},
-                                                 {"race_entry": e.name, "origin": R.origin(e)})
+                                                 {"race_entry": e.name, "origin": R.origin(e)}, dict(like.qk),
+                                                 list(like.qk_candidates), dict(like.qk_probabilities))
         if plan.done:
             return plan, values
         for job in plan.pending:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autoln.api.sites import searchable_sites
+from autoln.api.sites import searchable_qk_norms, searchable_sites
 from autoln.models.site import Site, hold_for_backward
 from autoln.models.supernet import SupernetMixin
 from autoln.space.mixing import MIXINGS
@@ -43,6 +43,10 @@ def nanogpt_loss(model: nn.Module, x: torch.Tensor, y: Optional[torch.Tensor]):
 
 class SearchModel(SupernetMixin, nn.Module):
     """A user's model with searchable :class:`autoln.models.model.Site` s, as a supernet.
+
+    A searched :class:`autoln.models.qk_norm.QKNorm` (``autoln.QKNorm`` with several candidates,
+    called by the model's attention on ``q`` and ``k``) gets alphas of its own,
+    :attr:`qk_alphas` ``(n_qk, Q)``, one row per QK-norm in module order.
 
     One alpha row per site, in module order (:attr:`site_names` are the sites' module names),
     or per group of sites that share one placement (``groups``, as autoln's own
@@ -102,6 +106,7 @@ class SearchModel(SupernetMixin, nn.Module):
         self.tau, self.mixing = tau, mixing
         self.projected: dict[int, int] = {}
         self.alphas = nn.Parameter(arch_init_std * torch.randn(len(self.site_names), len(cands), device=_device(model)))
+        self.init_qk(searchable_qk_norms(model), arch_init_std, _device(model))  # a searched autoln.QKNorm gets alphas of its own, after the sites'
 
     def arrange(self, weights: torch.Tensor) -> torch.Tensor:
         """One row per site ``(n_sites, K)``: as is, or each site's group's row."""
@@ -125,7 +130,8 @@ class SearchModel(SupernetMixin, nn.Module):
             site.mix = row
             site.__dict__["_grad_forward"] = graph  # a site that meets gradients off inside this pass is checkpointed reentrantly
         try:
-            return self.loss_fn(self.model, x, y)
+            with self.qk_mixing():
+                return self.loss_fn(self.model, x, y)
         finally:
             for site, row in zip(self.sites, mix):
                 site.mix = None

@@ -262,5 +262,10 @@ def site_genotype(model: SearchModel, read_off, loop) -> SiteGenotype:
     if read_off.shortlist:
         provenance["shortlist"] = [{"sites": {n: model.candidates[g[r]] for n, r in zip(names, rows)}, "loss": round(float(v), 6)}
                                    for g, v in read_off.shortlist]
+    qk, qk_probs = {}, {}
+    if read_off.qk:  # the searched QK-norms' choices, by module name
+        qk = dict(zip(model.qk_site_names, read_off.qk))
+        qk_probs = {n: [float(v) for v in row / row.sum()] for n, row in zip(model.qk_site_names, read_off.qk_probabilities)}
     return SiteGenotype(list(model.candidates), {n: model.candidates[read_off.choices[r]] for n, r in zip(names, rows)},
-                        {n: [float(v) for v in probs[r]] for n, r in zip(names, rows)}, provenance)
+                        {n: [float(v) for v in probs[r]] for n, r in zip(names, rows)}, provenance, qk,
+                        list(model.qk_candidates) if qk else [], qk_probs)

@@ -23,22 +23,35 @@ from autoln.space.placements import placement_names
 class SiteGenotype:
     """The answer of :func:`search` for a user's model: the chosen placement of each site, by the
     site's module name, with the final probabilities (``K`` per site, ordered as
-    ``candidates``) and free-form ``provenance``. JSON format ``autoln.site-genotype``
-    version 1 (:meth:`save`, :meth:`load`)."""
+    ``candidates``) and free-form ``provenance``; where the model has :class:`autoln.QKNorm` s,
+    ``qk`` (the QK-norm choice by module name, over ``qk_candidates``, with
+    ``qk_probabilities``). JSON format ``autoln.site-genotype`` version 1 (:meth:`save`,
+    :meth:`load`), the QK-norm choice in an optional field ``qk_norm`` (``{"candidates",
+    "choices", "probabilities"}``, by module name; absent in older files: no QK-norm choice).
+    """
 
     candidates: list[str]
     sites: dict[str, str]
     probabilities: dict[str, list[float]]
     provenance: dict[str, Any] = field(default_factory=dict)
+    qk: dict[str, str] = field(default_factory=dict)
+    qk_candidates: list[str] = field(default_factory=list)
+    qk_probabilities: dict[str, list[float]] = field(default_factory=dict)
 
     def describe(self) -> str:
-        """The placements in site order, e.g. ``post pre pre post``."""
-        return " ".join(self.sites.values())
+        """The placements in site order, e.g. ``post pre pre post``; with QK-norm somewhere the
+        QK-norms' choices follow a bar: ``pre pre | qk none``."""
+        text = " ".join(self.sites.values())
+        return f"{text} | {' '.join(self.qk.values())}" if any(c != "none" for c in self.qk.values()) else text
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object."""
-        return {"format": SITE_FORMAT, "version": 1, "candidates": list(self.candidates), "sites": dict(self.sites),
-                "probabilities": {k: list(v) for k, v in self.probabilities.items()}, "provenance": self.provenance}
+        out = {"format": SITE_FORMAT, "version": 1, "candidates": list(self.candidates), "sites": dict(self.sites),
+               "probabilities": {k: list(v) for k, v in self.probabilities.items()}, "provenance": self.provenance}
+        if self.qk:
+            out["qk_norm"] = {"candidates": list(self.qk_candidates), "choices": dict(self.qk),
+                              "probabilities": {k: list(v) for k, v in self.qk_probabilities.items()}}
+        return out
 
     @classmethod
     def from_dict(cls, obj: Any, source: str = "site genotype") -> "SiteGenotype":
@@ -77,8 +90,9 @@ class SiteGenotype:
                     or abs(sum(row) - 1.0) > 1e-4:
                 raise fail(f"probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1, got {quoted(row)}")
         provenance = obj.get("provenance", {})
+        qk, qk_cands, qk_probs = check_qk_choices(obj.get("qk_norm"), fail)
         return cls(list(cands), dict(sites), {k: [float(v) for v in r] for k, r in probs.items()},
-                   provenance if isinstance(provenance, dict) else {})
+                   provenance if isinstance(provenance, dict) else {}, qk, qk_cands, qk_probs)
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON atomically (checked as :meth:`load` will first). Returns the path."""
@@ -100,6 +114,35 @@ class SiteGenotype:
         except (OSError, UnicodeDecodeError, ValueError) as exc:  # DuplicateKey too: one key twice
             raise GenotypeError(f"cannot read site genotype {path}: {exc}") from None
         return cls.from_dict(obj, source=str(path))
+
+
+def check_qk_choices(field_: Any, fail) -> tuple[dict[str, str], list[str], dict[str, list[float]]]:
+    """A site genotype's optional ``qk_norm`` field checked: ``(choices, candidates,
+    probabilities)``, empty when absent. ``fail(field, why)`` builds the error.
+
+    Raises:
+        GenotypeError: not an object with ``candidates`` (names of
+            :data:`autoln.space.qk.QK_NORMS`), ``choices`` (module name -> candidate) and
+            ``probabilities`` (module name -> finite non-negative numbers summing to 1, or none)."""
+    from autoln.space.qk import QK_NORMS
+
+    if field_ is None:
+        return {}, [], {}
+    if not isinstance(field_, dict) or set(field_) != {"candidates", "choices", "probabilities"}:
+        raise fail("qk_norm", "expected an object with the keys 'candidates', 'choices' and 'probabilities'")
+    cands, choices, probs = field_["candidates"], field_["choices"], field_["probabilities"]
+    if not isinstance(cands, list) or not cands or any(not isinstance(c, str) or c not in QK_NORMS for c in cands):
+        raise fail("qk_norm.candidates", f"expected names of {list(QK_NORMS)}, got {quoted(cands)}")
+    if not isinstance(choices, dict) or not choices or any(c not in cands for c in choices.values()):
+        raise fail("qk_norm.choices", f"expected an object: QK-norm module name -> one of {quoted(cands)}")
+    if not isinstance(probs, dict) or not set(probs) <= set(choices):
+        raise fail("qk_norm.probabilities", "expected an object: QK-norm module name -> probabilities")
+    for name, row in probs.items():
+        if not isinstance(row, list) or len(row) != len(cands) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in row) \
+                or abs(sum(row) - 1.0) > 1e-4:
+            raise fail(f"qk_norm.probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1")
+    return dict(choices), list(cands), {k: [float(v) for v in r] for k, r in probs.items()}
 
 
 def as_site_genotype(genotype: Any, where: str) -> SiteGenotype:

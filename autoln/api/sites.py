@@ -50,6 +50,41 @@ def model_sites(model: nn.Module) -> list[tuple[str, Site]]:
     return out
 
 
+def model_qk_norms(model: nn.Module) -> list[tuple[str, "QKNorm"]]:
+    """``(module name, QK-norm)`` of every :class:`autoln.models.qk_norm.QKNorm` of ``model``
+    (unwrapped, :func:`unwrap`), in module order; each learns its name (for its error messages)."""
+    from autoln.models.qk_norm import QKNorm
+
+    out = [(n, m) for n, m in unwrap(model).named_modules() if isinstance(m, QKNorm)]
+    for n, m in out:
+        m.name = n
+    return out
+
+
+def searchable_qk_norms(model: nn.Module) -> list[tuple[str, "QKNorm"]]:
+    """The QK-norms of :func:`model_qk_norms` with two or more candidates (the searched ones)."""
+    return [(n, m) for n, m in model_qk_norms(model) if len(m.candidates) > 1]
+
+
+def plain_qk_choices(model: nn.Module) -> tuple[dict[str, str], list[str], dict[str, list[float]]]:
+    """The QK-norm part of a named placement without QK-norm of its own (``all-pre``, ``mix-ln``)
+    for ``model``'s searched QK-norms: ``(choices, candidates, probabilities)``, each choice
+    ``none`` where it is a candidate, else the first (:func:`autoln.space.qk.plain_qk`); empty
+    without a searched QK-norm."""
+    from autoln.space.qk import plain_qk
+
+    qks = searchable_qk_norms(model)
+    if not qks:
+        return {}, [], {}
+    cands = list(qks[0][1].candidates)
+    return qk_one_hot({n: plain_qk(cands) for n, _ in qks}, cands)
+
+
+def qk_one_hot(choices: dict[str, str], cands: Sequence[str]) -> tuple[dict[str, str], list[str], dict[str, list[float]]]:
+    """``(choices, candidates, one-hot probabilities)`` of a site genotype's QK-norm part."""
+    return dict(choices), list(cands), {n: [1.0 if c == ch else 0.0 for c in cands] for n, ch in choices.items()}
+
+
 def match_sites(chosen: dict[str, str], names: Sequence[str]) -> dict[str, str]:
     """``chosen`` (site name -> placement) keyed by the model's site ``names``: as it is when
     every name is the model's, else with one common prefix removed from or added to its names

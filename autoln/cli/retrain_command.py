@@ -27,8 +27,8 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                 "with --compare, several genotypes and the published placements at equal budget and seeds.",
                 "retrain", "runs/retrain[-<baseline>]-<UTC time>Z; with --compare runs/compare-<UTC time>Z")
     p.add_argument("--genotype", action="append", default=[], metavar="FILE_OR_NAME",
-                   help=f"genotype.json from search.py, or a named baseline: {' | '.join(DEFAULT_BASELINES.split(','))}, or any "
-                        "all-<candidate> such as all-pre:fixed (required once; with --compare repeatable and optional)")
+                   help=f"genotype.json from search.py, or a named baseline: {' | '.join(DEFAULT_BASELINES.split(','))}, an open model's "
+                        "placement with QK-norm: olmo2 | gemma3 | qwen3, or any all-<candidate> such as all-pre:fixed (required once; with --compare repeatable and optional)")
     p.add_argument("--compare", action="store_true",
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
     p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")

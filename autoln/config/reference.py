@@ -61,6 +61,7 @@ HELP = {
     "model.output_bias": "unigram (the LM head's bias starts at the training split's log unigram frequencies) | none",
     "model.affine": "norm gains and biases: learnable | fixed | search (both forms per site)",
     "model.residual_init": "scaled (branch output projections x 1/sqrt(2N) at init, GPT-2) | unscaled (plain xavier)",
+    "model.qk_norm": "QK-norm in every attention, a norm on q and k: [none] | [qk] (per head) | [qk-all] (across heads); several: searched with alphas of its own",
     "search.arch_lr": "Adam learning rate of the alphas (0: alphas fixed at their near-uniform start)",
     "search.arch_betas": "Adam betas of the alphas (DARTS)",
     "search.arch_weight_decay": "weight decay of the alphas (DARTS)",

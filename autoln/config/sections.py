@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from autoln.core.errors import ConfigError, quoted
 from autoln.space.placements import FIXED, NORMS, PLACEMENTS, RESIDUAL_INITS, parse_name, placement_names
+from autoln.space.qk import check_qk_candidates
 
 TOKENIZERS = ("bytes", "chars", "words", "bpe", "tokens")
 #: ``data.token_dtype``: the width of a token folder's ids (:func:`autoln.data.token_width`).
@@ -105,6 +106,11 @@ class ModelConfig:
     Neural Networks", "init well"). ``none``: no bias (GPT-2/nanoGPT's head; Post-LN and
     DeepNorm stacks then sit at the unigram plateau for hundreds of steps, see docs/search.md).
 
+    ``qk_norm``: the QK-norm candidates of every attention layer (:mod:`autoln.space.qk`):
+    ``[none]`` (default) none; one other name (``[qk]``) a fixed QK-norm in every model; several
+    (``[none, qk]``) search it, with alphas of its own beside the sites' (the space is then the
+    product: ``K^n_sites * Q^n_layers`` genotypes).
+
     ``residual_init``: how the residual branches start. ``scaled`` (default): the output
     projections (attention out, FFN second layer) times GPT-2's ``1/sqrt(2N)`` (Radford et
     al. 2019, §2.3), for every placement and in the supernet; DeepNorm's derived sites keep
@@ -124,6 +130,7 @@ class ModelConfig:
     output_bias: str = "unigram"
     affine: str = "learnable"
     residual_init: str = "scaled"
+    qk_norm: list[str] = field(default_factory=lambda: ["none"])
 
     def validate(self) -> None:
         for key in ("n_layers", "d_model", "n_heads", "d_ff", "context"):
@@ -145,6 +152,10 @@ class ModelConfig:
         if len(set(self.candidates)) != len(self.candidates):
             raise ConfigError(f"model.candidates has duplicates: {quoted(self.candidates)}")
         _one_of("model.affine", self.affine, AFFINES)
+        try:
+            check_qk_candidates(self.qk_norm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def searched_candidates(self) -> list[str]:
         """The candidate names the supernet holds at every site, in order: ``candidates`` as

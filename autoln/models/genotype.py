@@ -6,6 +6,10 @@ block: a name, or ``{"attn": name, "ffn": name}``), ``probabilities`` (the final
 weights, same nesting as ``placements``, each a list ordered as ``candidates``), ``model``
 (``n_layers, d_model, n_heads, d_ff, context, vocab_size, norm``) and ``provenance``
 (resolved config, seed, data fingerprint, package versions, metrics, creation time).
+Optional: ``qk_norm`` (the QK-norm choice beside the placements, :mod:`autoln.space.qk`):
+``{"candidates": [...], "choices": [one per block], "probabilities": [one list per block]}``;
+a file without it (every file written before it existed) has no QK-norm anywhere, as one whose
+choices are all ``none``.
 ``provenance`` is free-form: a genotype file keeps it whole, and the copies of a genotype in a
 run's outputs (a retrain's ``metrics.json`` and ``checkpoint.pt``) keep at most
 :data:`PROVENANCE_LIMIT` characters of it, saying what was cut (:func:`bounded_provenance`).
@@ -14,7 +18,9 @@ Named baselines (published hand-designed genotypes): ``all-pre``, ``all-post``,
 ``all-deepnorm``, ``mix-ln`` (Li, Yin, Liu 2024: the first ``round(0.25 N)`` blocks
 Post-LN, the rest Pre-LN; halves round up) and ``pre-post`` (the layered strategy
 practitioners report for 12-block models: the lower ``round(N / 2)`` blocks Pre-LN, the rest
-Post-LN; mix-ln's opposite order).
+Post-LN; mix-ln's opposite order), and the placements of open models that pair a
+placement with QK-norm (:data:`autoln.space.qk.QK_NAMED`): ``olmo2`` (output norm, QK-norm across
+heads), ``gemma3`` (sandwich norm, QK-norm per head) and ``qwen3`` (Pre-LN, QK-norm per head).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import numpy as np
 from autoln.config import AFFINES, GRANULARITIES, ModelConfig
 from autoln.core.errors import GenotypeError, cut, quoted
 from autoln.core.io import DuplicateKey, json_safe, loads_strict, write_json_atomic
+from autoln.models.provenance import PROVENANCE_LIMIT, PROVENANCE_PREVIEW, bounded_provenance  # noqa: F401 (re-exported)
 from autoln.space.placements import NORMS, PLACEMENTS, parse_name, placement_names
+from autoln.space.qk import QK_NAMED, QK_NORMS, named_qk, plain_qk  # noqa: F401 (named_qk: for the race)
 
 FORMAT = "autoln.genotype"
 #: The format of :class:`autoln.api.SiteGenotype` (``autoln.search``'s genotype of a user's model).
@@ -38,18 +46,23 @@ SITE_FORMAT = "autoln.site-genotype"
 VERSION = 1
 MODEL_KEYS = ("n_layers", "d_model", "n_heads", "d_ff", "context", "vocab_size", "norm")
 FIELDS = ("format", "version", "candidates", "granularity", "placements", "probabilities", "model", "provenance")
+#: Optional fields (absent in older files): ``qk_norm`` (module docstring).
+OPTIONAL_FIELDS = ("qk_norm",)
 #: Named baselines offered by default (``--compare``, validation): one ``all-<name>`` per
 #: placement, Mix-LN and the layered ``pre-post``. Any ``all-<candidate name>`` is a baseline
 #: too, e.g. ``all-pre:fixed`` (:func:`is_baseline`).
 BASELINES = ("all-pre", "all-post", "all-deepnorm", "mix-ln", "pre-post", "all-peri", "all-outnorm", "all-lns", "all-none")
+#: Every name :func:`baseline` builds by name: :data:`BASELINES`, then the open models' pairings
+#: with QK-norm (``olmo2``, ``gemma3``, ``qwen3``), which the race enters where QK-norm is a candidate.
+NAMED = (*BASELINES, *QK_NAMED)
 #: Optional keys of a genotype's ``model`` (absent in older files): ``affine`` (default learnable).
 OPTIONAL_MODEL_KEYS = ("affine",)
 
 
 def is_baseline(name: str) -> bool:
-    """True for a named baseline: one of :data:`BASELINES` or ``all-<candidate name>``
+    """True for a named baseline: one of :data:`NAMED` or ``all-<candidate name>``
     (``all-pre:fixed``)."""
-    return name in BASELINES or (name.startswith("all-") and name[4:] in placement_names())
+    return name in NAMED or (name.startswith("all-") and name[4:] in placement_names())
 SUM_TOL = 1e-4
 
 Entry = Union[str, dict]
@@ -66,10 +79,22 @@ class Genotype:
     probabilities: list[Any]
     model: dict[str, Any]
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: The QK-norm choice (module docstring), None for none anywhere.
+    qk_norm: Optional[dict[str, Any]] = None
 
     def block_placements(self) -> list[tuple[str, str]]:
         """Per block ``(attention placement, FFN placement)``; length ``model["n_layers"]``."""
         return [(p, p) if isinstance(p, str) else (p["attn"], p["ffn"]) for p in self.placements]
+
+    def qk_choices(self) -> list[str]:
+        """Per block the QK-norm choice (:mod:`autoln.space.qk`), ``none`` everywhere without ``qk_norm``."""
+        if self.qk_norm is None:
+            return ["none"] * len(self.placements)
+        return list(self.qk_norm["choices"])
+
+    def has_qk(self) -> bool:
+        """True when some block has QK-norm."""
+        return any(c != "none" for c in self.qk_choices())
 
     def site_probabilities(self) -> np.ndarray:
         """The probabilities as a float64 array ``(n_sites, K)``, rows in the order of
@@ -88,16 +113,21 @@ class Genotype:
         return cfg
 
     def describe(self) -> str:
-        """Compact one-line form, e.g. ``post post pre pre`` or ``post/pre pre/pre``."""
-        return " ".join(p if isinstance(p, str) else f"{p['attn']}/{p['ffn']}" for p in self.placements)
+        """Compact one-line form, e.g. ``post post pre pre`` or ``post/pre pre/pre``; with QK-norm
+        somewhere the per-block QK choices follow a bar: ``pre pre | qk none``."""
+        text = " ".join(p if isinstance(p, str) else f"{p['attn']}/{p['ffn']}" for p in self.placements)
+        return f"{text} | {' '.join(self.qk_choices())}" if self.has_qk() else text
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of docs/design.md §6."""
-        return {
+        out = {
             "format": FORMAT, "version": VERSION, "candidates": list(self.candidates),
             "granularity": self.granularity, "placements": self.placements,
             "probabilities": self.probabilities, "model": dict(self.model), "provenance": self.provenance,
         }
+        if self.qk_norm is not None:
+            out["qk_norm"] = self.qk_norm
+        return out
 
     def record(self, source: str) -> tuple[dict[str, Any], Optional[str]]:
         """:meth:`to_dict` for a copy of this genotype in a run's outputs (a retrain's
@@ -170,8 +200,8 @@ class Genotype:
             if name not in obj:
                 raise fail(name, "missing")
         for name in obj:
-            if name not in FIELDS:
-                raise fail(name, f"unknown field; expected only {list(FIELDS)}")
+            if name not in FIELDS + OPTIONAL_FIELDS:
+                raise fail(name, f"unknown field; expected only {list(FIELDS + OPTIONAL_FIELDS)}")
         if type(obj["version"]) is not int or obj["version"] != VERSION:
             raise fail("version", f"expected {VERSION}, got {quoted(obj['version'])}")
         cands = obj["candidates"]
@@ -230,17 +260,55 @@ class Genotype:
                     raise fail(qname, f"probabilities sum to {sum(p):.6f}, expected 1")
         if not isinstance(obj["provenance"], dict):
             raise fail("provenance", "expected an object")
-        return cls(list(cands), gran, placements, probs, dict(model), obj["provenance"])
+        qk = check_qk_field(obj.get("qk_norm"), model["n_layers"], fail)
+        return cls(list(cands), gran, placements, probs, dict(model), obj["provenance"], qk)
 
 
-#: Characters of JSON of a genotype's ``provenance`` that a copy of it in a run's outputs keeps
-#: at most (:func:`bounded_provenance`). A search's own provenance is a few KiB (6 KiB on the tiny
-#: config, tens of KiB for a large sublayer search with its scored genotypes), far below it.
-PROVENANCE_LIMIT = 65_536
-#: Characters kept of a string field of ``provenance`` that does not fit (a long free-form note).
-PROVENANCE_PREVIEW = 4_096
-#: Fields that the note of a cut provenance names one by one; the rest are counted.
-_NAMED_CUTS = 5
+def check_qk_field(qk: Any, n_layers: int, fail) -> Optional[dict[str, Any]]:
+    """The ``qk_norm`` field of a genotype checked (module docstring): None stays None; else an
+    object with exactly ``candidates`` (names of :data:`autoln.space.qk.QK_NORMS`, each once),
+    ``choices`` (one candidate per block) and ``probabilities`` (per block one finite,
+    non-negative list over the candidates summing to 1). ``fail(field, problem)`` builds the error.
+
+    Raises:
+        GenotypeError: the first failed check, naming ``qk_norm.<field>``."""
+    if qk is None:
+        return None
+    keys = ("candidates", "choices", "probabilities")
+    if not isinstance(qk, dict) or set(qk) != set(keys):
+        raise fail("qk_norm", f"expected an object with exactly the keys {list(keys)}")
+    cands = qk["candidates"]
+    if not isinstance(cands, list) or not cands or any(c not in QK_NORMS for c in cands if isinstance(c, str)) \
+            or not all(isinstance(c, str) for c in cands) or len(set(cands)) != len(cands):
+        raise fail("qk_norm.candidates", f"expected distinct names of {list(QK_NORMS)}, got {quoted(cands)}")
+    for name in ("choices", "probabilities"):
+        if not isinstance(qk[name], list) or len(qk[name]) != n_layers:
+            raise fail(f"qk_norm.{name}", f"expected a list with one entry per block ({cut(n_layers)})")
+    for i, (c, p) in enumerate(zip(qk["choices"], qk["probabilities"])):
+        if not isinstance(c, str) or c not in cands:
+            raise fail(f"qk_norm.choices[{i}]", f"expected one of {cands}, got {quoted(c)}")
+        if not isinstance(p, list) or len(p) != len(cands) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                                      and math.isfinite(v) and v >= 0 for v in p):
+            raise fail(f"qk_norm.probabilities[{i}]", f"expected {len(cands)} finite non-negative numbers, got {quoted(p)}")
+        if abs(sum(p) - 1.0) > SUM_TOL:
+            raise fail(f"qk_norm.probabilities[{i}]", f"probabilities sum to {sum(p):.6f}, expected 1")
+    return {k: qk[k] for k in keys}
+
+
+def qk_field(candidates, choices, probabilities=None) -> Optional[dict[str, Any]]:
+    """A genotype's ``qk_norm`` field: ``choices`` (one per block) over ``candidates``, with
+    ``probabilities`` ``(n_layers, Q)`` (default one-hot on the choices); None when every choice is
+    ``none`` (a genotype without QK-norm is written as before)."""
+    if all(c == "none" for c in choices):
+        return None
+    cands = list(candidates)
+    for c in choices:
+        if c not in cands:
+            cands.append(c)
+    rows = [[1.0 if c == ch else 0.0 for c in cands] for ch in choices] if probabilities is None else \
+        [[float(v) for v in row / row.sum()] + [0.0] * (len(cands) - len(row))
+         for row in (np.asarray(r, dtype=np.float64) for r in probabilities)]
+    return {"candidates": cands, "choices": list(choices), "probabilities": rows}
 
 
 def check_format(obj: dict, source: str) -> None:
@@ -259,65 +327,6 @@ def check_format(obj: dict, source: str) -> None:
         what = "no field 'format'" if "format" not in obj else f"field 'format' is {quoted(obj['format'])}"
         raise GenotypeError(f"{source}: not an autoln genotype ({what}; expected format {FORMAT!r}, the genotype.json that "
                             f"search.py writes, with fields {list(FIELDS)})")
-
-
-def bounded_provenance(provenance: dict[str, Any], source: str, limit: int = PROVENANCE_LIMIT) -> tuple[dict[str, Any], Optional[str]]:
-    """``provenance`` as a run's outputs copy it: unchanged when its JSON is at most ``limit``
-    characters; otherwise its top-level fields in order while they fit, a string field that does
-    not fit as its first :data:`PROVENANCE_PREVIEW` characters (if those fit), every other field
-    that does not fit (or whose name is over 200 characters) left out, and the field
-    ``provenance_cut`` saying what was cut, e.g. ``"the provenance of g.json is 10,485,831
-    characters of JSON, more than the 65,536 a copy keeps: field 'note' (10,485,760 characters)
-    cut to its first 4,096; the whole provenance is in g.json"``.
-
-    Why cut and not refuse: the provenance is free-form and never read to build or train a model
-    (only ``data``'s fingerprint, for a note), so a genotype with a large one is still a valid
-    genotype; its copies only need to say where it came from, and without a bound a 10 MB
-    provenance made every ``metrics.json`` and ``checkpoint.pt`` of its retrains 10 MB larger.
-
-    Args:
-        provenance: the genotype's ``provenance`` object (JSON values).
-        source: the genotype file, named in the note.
-        limit: characters of JSON (indented as :func:`autoln.core.io.write_json_atomic` writes it)
-            kept at most, the note included (2 KiB are kept for it).
-
-    Returns:
-        ``(provenance, note)``: ``note`` None when nothing was cut, else one sentence for stderr.
-    """
-    def size(value: Any) -> int:
-        return len(json.dumps(value, indent=2, allow_nan=True, default=str))  # as write_json_atomic writes it
-
-    total = size(provenance)
-    if total <= limit:
-        return provenance, None
-    kept: dict[str, Any] = {}
-    used, cuts, rest, rest_chars = 2, [], 0, 0
-    budget = limit - 2048  # room for the note
-    for key, value in provenance.items():
-        name = str(key)
-        entry = size({name: value}) - 2  # its lines in the object, indented, with the comma
-        if len(name) <= 200 and used + entry <= budget:
-            kept[name], used = value, used + entry
-            continue
-        what = "left out"
-        if isinstance(value, str) and len(name) <= 200:
-            head = value[:PROVENANCE_PREVIEW]
-            if used + size({name: head}) - 2 <= budget:
-                kept[name], used = head, used + size({name: head}) - 2
-                what = f"cut to its first {len(head):,}"
-        if len(cuts) < _NAMED_CUTS:
-            length = f"{len(value):,} characters" if isinstance(value, str) else f"{size(value):,} characters of JSON"
-            cuts.append(f"field {quoted(name, 60)} ({length}) {what}")
-        else:
-            rest, rest_chars = rest + 1, rest_chars + entry
-    if rest:
-        cuts.append(f"{rest:,} more fields ({rest_chars:,} characters) left out")
-    kept["provenance_cut"] = (f"the provenance of {cut(source)} is {total:,} characters of JSON, more than the {limit:,} a copy "
-                              f"keeps: {'; '.join(cuts)}; the whole provenance is in {cut(source)}")
-    note = (f"{cut(source)}: field 'provenance' is {total:,} characters of JSON; the copies of the genotype in this run's "
-            f"outputs keep {size(kept):,} ({'; '.join(cuts[:2])}{'; ...' if len(cuts) > 2 else ''}; their "
-            "provenance.provenance_cut says so)")
-    return kept, note
 
 
 def model_dims(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
@@ -342,7 +351,8 @@ def site_rows(nested: list, granularity: str) -> list:
 
 
 def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, provenance: dict | None = None,
-                       choices: list[int] | None = None) -> Genotype:
+                       choices: list[int] | None = None, qk: Optional[list[str]] = None,
+                       qk_probs: Optional[np.ndarray] = None) -> Genotype:
     """Derive the genotype: per site the candidate ``choices[i]`` (perturbation-based selection,
     :mod:`autoln.oneshot.selection`) or, without ``choices``, the argmax of ``probs`` (DARTS §2.4).
 
@@ -352,6 +362,8 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
         vocab_size: vocabulary size of the data.
         provenance: stored as is.
         choices: per site a candidate index, or None for the argmax.
+        qk: per block the QK-norm choice (a searched QK-norm's read-off), or None: ``cfg.qk_norm``'s
+            one candidate where it has one, else none; qk_probs: its probabilities ``(n_layers, Q)``.
 
     Raises:
         ValueError: ``choices`` of the wrong length or out of range.
@@ -363,8 +375,10 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
     if len(choices) != len(rows) or not all(0 <= c < len(cands) for c in choices):
         raise ValueError(f"choices: expected {len(rows)} candidate indices in [0, {len(cands)}), got {choices}")
     names = [cands[c] for c in choices]
+    if qk is None:
+        qk, qk_probs = [plain_qk(cfg.qk_norm) if len(cfg.qk_norm) == 1 else "none"] * cfg.n_layers, None
     return Genotype(cands, cfg.granularity, nest_sites(names, cfg.granularity), nest_sites(rows, cfg.granularity),
-                    model_dims(cfg, vocab_size), provenance or {})
+                    model_dims(cfg, vocab_size), provenance or {}, qk_field(cfg.qk_norm, qk, qk_probs))
 
 
 def named_blocks(name: str, n_layers: int) -> list[str]:
@@ -378,32 +392,44 @@ def named_blocks(name: str, n_layers: int) -> list[str]:
     n = n_layers
     if name.startswith("all-") and is_baseline(name):
         return [name[4:]] * n
+    if name in QK_NAMED:
+        return [QK_NAMED[name][0]] * n
     if name == "mix-ln":
         n_post = math.floor(0.25 * n + 0.5)
         return ["post"] * n_post + ["pre"] * (n - n_post)
     if name == "pre-post":
         n_pre = math.floor(0.5 * n + 0.5)
         return ["pre"] * n_pre + ["post"] * (n - n_pre)
-    raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(BASELINES)}")
+    raise GenotypeError(f"unknown baseline {name!r}; expected a genotype file or one of {list(NAMED)}")
 
 
 def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
     """A named published genotype at ``cfg``'s size: ``all-<candidate>`` (every site that
     candidate, e.g. ``all-pre``, ``all-peri``, ``all-pre:fixed``), ``mix-ln`` (first
     ``floor(0.25 N + 0.5)`` blocks ``post``, the rest ``pre``; Li et al. 2024) or ``pre-post``
-    (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``). With ``cfg.affine ==
+    (first ``floor(0.5 N + 0.5)`` blocks ``pre``, the rest ``post``), or an open model's pairing
+    with QK-norm (``olmo2``, ``gemma3``, ``qwen3``: :data:`autoln.space.qk.QK_NAMED`; ``olmo2``'s
+    across-heads QK-norm is ``qk`` where ``cfg.qk_norm`` offers only that). With ``cfg.affine ==
     "fixed"`` every placement with norms takes its ``:fixed`` form (``pre`` -> ``pre:fixed``),
     as the final norm does; ``search`` (a search option) leaves the published learnable gains.
+    The others' QK-norm: ``cfg.qk_norm``'s where it is one fixed candidate, else none
+    (:func:`autoln.space.qk.plain_qk`).
 
     Raises:
         GenotypeError: unknown name.
     """
     names = named_blocks(name, cfg.n_layers)
+    if name in QK_NAMED:
+        prefs = QK_NAMED[name][1]
+        qk = next((c for c in prefs if c in cfg.qk_norm), prefs[0])
+    else:
+        qk = plain_qk(cfg.qk_norm) if len(cfg.qk_norm) == 1 else "none"
     if cfg.affine == "fixed":  # every norm's gain and bias fixed, the sites' as the final norm's
         names = [n + ":fixed" if not n.endswith(":fixed") and PLACEMENTS[parse_name(n)[0]].has_norm else n for n in names]
     cands = sorted(set(names), key=placement_names().index)
     probs = [[1.0 if c == p else 0.0 for c in cands] for p in names]
-    return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name})
+    return Genotype(cands, "layer", names, probs, model_dims(cfg, vocab_size), {"baseline": name},
+                    qk_field([qk], [qk] * cfg.n_layers))
 
 
 def over_candidates(genotype: Genotype, candidates: list[str]) -> Genotype:

@@ -23,6 +23,7 @@ from torch import nn
 
 from autoln.core import distributed
 from autoln.config import ModelConfig
+from autoln.models.qk_norm import QKNorm
 from autoln.models.site import Site
 from autoln.space.placements import NORMS, scale_residual_branch
 
@@ -71,9 +72,13 @@ class CausalSelfAttention(nn.Module):
 
     Separate query, key, value and output projections (no bias), so that DeepNorm's init gain
     can land on the value and output projections only. Input and output ``(B, T, d_model)``.
+
+    ``qk``: the QK-norm candidates of this layer (:mod:`autoln.space.qk`): ``("none",)`` gives
+    no :class:`~autoln.models.qk_norm.QKNorm` module at all (the model of before, key for key),
+    one other name a fixed QK-norm, several a searched one (mixed by the supernet).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, qk: Sequence[str] = ("none",)) -> None:
         super().__init__()
         d = cfg.d_model
         self.n_heads = cfg.n_heads
@@ -82,6 +87,7 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(d, d, bias=False)
         self.v_proj = nn.Linear(d, d, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
+        self.qk_norm = None if list(qk) == ["none"] else QKNorm(qk, d, cfg.n_heads, cfg.norm)
 
     def residual_path_weights(self) -> list[nn.Parameter]:
         """The matrices DeepNorm's init gain ``b`` scales: value and output projections."""
@@ -96,10 +102,13 @@ class CausalSelfAttention(nn.Module):
         b, t, d = x.shape
         h = self.n_heads
 
-        def heads(proj: nn.Linear) -> torch.Tensor:
-            return proj(x).view(b, t, h, d // h).transpose(1, 2)
+        def heads(z: torch.Tensor) -> torch.Tensor:
+            return z.view(b, t, h, d // h).transpose(1, 2)
 
-        q, k, v = heads(self.q_proj), heads(self.k_proj), heads(self.v_proj)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
+        q, k, v = heads(q), heads(k), heads(self.v_proj(x))
         if self.training and self.dropout > 0:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
             future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
@@ -138,11 +147,14 @@ class Block(nn.Module):
     Args:
         cfg: model dimensions.
         attn_candidates, ffn_candidates: placement names of the two sites.
+        layer: the block's 1-based index.
+        qk: the attention's QK-norm candidates (:class:`CausalSelfAttention`).
     """
 
-    def __init__(self, cfg: ModelConfig, attn_candidates: Sequence[str], ffn_candidates: Sequence[str], layer: int = 1) -> None:
+    def __init__(self, cfg: ModelConfig, attn_candidates: Sequence[str], ffn_candidates: Sequence[str], layer: int = 1,
+                 qk: Sequence[str] = ("none",)) -> None:
         super().__init__()
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, qk)
         self.ffn = FFN(cfg)
         self.attn_site = Site(attn_candidates, cfg.d_model, cfg.n_layers, cfg.norm, layer)
         self.ffn_site = Site(ffn_candidates, cfg.d_model, cfg.n_layers, cfg.norm, layer)
@@ -170,23 +182,28 @@ class TransformerLM(nn.Module):
     ``unscaled`` leaves every branch at plain xavier (the start before GPT-2's scaling).
 
     Args:
-        cfg: model dimensions (``cfg.candidates``/``granularity`` are not read here).
+        cfg: model dimensions (``cfg.candidates``/``granularity``/``qk_norm`` are not read here).
         vocab_size: number of token ids.
         sites: per block, ``(attention candidates, FFN candidates)``; length ``cfg.n_layers``.
+        qk: per block, the attention's QK-norm candidates (:mod:`autoln.space.qk`); None: none anywhere.
 
     Raises:
-        ValueError: ``len(sites) != cfg.n_layers``.
+        ValueError: ``len(sites)`` or ``len(qk)`` is not ``cfg.n_layers``.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, sites: Sequence[tuple[Sequence[str], Sequence[str]]]) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, sites: Sequence[tuple[Sequence[str], Sequence[str]]],
+                 qk: Optional[Sequence[Sequence[str]]] = None) -> None:
         super().__init__()
         if len(sites) != cfg.n_layers:
             raise ValueError(f"got {len(sites)} block specs for n_layers={cfg.n_layers}")
+        qk = [("none",)] * cfg.n_layers if qk is None else list(qk)
+        if len(qk) != cfg.n_layers:
+            raise ValueError(f"got {len(qk)} QK-norm choices for n_layers={cfg.n_layers}")
         self.cfg, self.vocab_size = cfg, vocab_size
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
         self.drop = Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, a, f, i + 1) for i, (a, f) in enumerate(sites))
+        self.blocks = nn.ModuleList(Block(cfg, a, f, i + 1, q) for i, ((a, f), q) in enumerate(zip(sites, qk)))
         self.norm_f = NORMS[cfg.norm](cfg.d_model, cfg.affine != "fixed")
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight
@@ -274,7 +291,8 @@ def full_precision(model: TransformerLM) -> Iterator[None]:
         model.autocast_dtype = saved
 
 
-def build_derived(cfg: ModelConfig, vocab_size: int, placements: Sequence[tuple[str, str]]) -> TransformerLM:
+def build_derived(cfg: ModelConfig, vocab_size: int, placements: Sequence[tuple[str, str]],
+                  qk: Optional[Sequence[str]] = None) -> TransformerLM:
     """The derived (discrete) model of a genotype.
 
     Args:
@@ -282,11 +300,13 @@ def build_derived(cfg: ModelConfig, vocab_size: int, placements: Sequence[tuple[
         vocab_size: number of token ids.
         placements: per block ``(attention placement, FFN placement)``, e.g. from
             :meth:`autoln.models.genotype.Genotype.block_placements`.
+        qk: per block the QK-norm choice (:meth:`autoln.models.genotype.Genotype.qk_choices`);
+            None: no QK-norm.
 
     Raises:
         ValueError: wrong number of blocks.
     """
-    return TransformerLM(cfg, vocab_size, [([a], [f]) for a, f in placements])
+    return TransformerLM(cfg, vocab_size, [([a], [f]) for a, f in placements], None if qk is None else [[c] for c in qk])
 
 
 def weight_param_groups(params: Sequence[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:

@@ -11,6 +11,8 @@ partition ``parameters()``.
 from __future__ import annotations
 
 import abc
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +22,7 @@ from autoln.config import ModelConfig
 from autoln.space.mixing import MIXINGS, STOCHASTIC, Noise, draw_gumbel
 from autoln.space.mixing import probabilities as mixing_probabilities
 from autoln.models.model import TransformerLM
+from autoln.models.qk_norm import QKNorm
 
 
 def site_names(n_layers: int, granularity: str) -> list[str]:
@@ -48,14 +51,96 @@ class SupernetMixin(abc.ABC):
     projected: dict[int, int]
     #: autocast dtype of the forward passes, None for fp32 (:func:`autoln.models.model.full_precision`).
     autocast_dtype = None
+    qk_candidates: list = []
+    qk_site_names: list = []
+    #: The read-off's QK choices (candidate index per row, imposed one-hot), None while searching.
+    qk_fixed: Optional[list] = None
+
+    def init_qk(self, modules: Sequence[tuple[str, QKNorm]], arch_init_std: float, device=None) -> None:
+        """Set :attr:`qk_alphas`, the QK-norm's own alphas ``(n_qk, Q)``, one row per searched
+        :class:`QKNorm` (module order) over :attr:`qk_candidates`, or None where QK-norm is not
+        searched; every subclass calls it in its ``__init__``. Give the searched QK-norms (``(module name, QKNorm)`` with two or more candidates, in
+        module order) their own alphas ``(n_qk, Q)``, drawn as ``arch_init_std * randn`` from
+        torch's global generator; none when ``modules`` is empty.
+
+        Raises:
+            ValueError: QK-norms with different candidate lists."""
+        self._qk_modules = [m for _, m in modules]
+        if not modules:
+            self.register_parameter("qk_alphas", None)
+            return
+        cands = list(modules[0][1].candidates)
+        for name, m in modules:
+            m.name = name
+            if list(m.candidates) != cands:
+                raise ValueError(f"QK-norm {name!r} offers {m.candidates} but {modules[0][0]!r} offers {cands}: every searched "
+                                 "QK-norm needs the same candidates, in the same order")
+        self.qk_candidates = cands
+        self.qk_site_names = [n for n, _ in modules]
+        self.qk_alphas = nn.Parameter(arch_init_std * torch.randn(len(modules), len(cands), device=device))
+
+    def qk_weights(self) -> Optional[torch.Tensor]:
+        """The searched QK-norms' mixing weights ``(n_qk, Q)``: one-hot at :attr:`qk_fixed` after
+        the read-off, else the relaxed weights of the alphas' mixing function without noise
+        (``softmax(qk_alphas / tau)``; stochastic mixings draw their noise for the sites
+        only). None where QK-norm is not searched."""
+        if self.qk_alphas is None:
+            return None
+        if self.qk_fixed is not None:
+            eye = torch.eye(len(self.qk_candidates), device=self.qk_alphas.device, dtype=self.qk_alphas.dtype)
+            return eye[torch.tensor(self.qk_fixed, device=self.qk_alphas.device)]
+        return MIXINGS[self.mixing](self.qk_alphas, self.tau, None)
+
+    @contextmanager
+    def qk_mixing(self) -> Iterator[None]:
+        """Inside the block every searched QK-norm mixes by its row of :meth:`qk_weights`; each
+        keeps its row for backward's recomputation under activation checkpointing
+        (:func:`autoln.models.site.hold_for_backward`)."""
+        weights = self.qk_weights()
+        if weights is None:
+            yield
+            return
+        from autoln.models.site import hold_for_backward
+
+        for m, row in zip(self._qk_modules, weights):
+            m.mix = row
+        try:
+            yield
+        finally:
+            for m, row in zip(self._qk_modules, weights):
+                m.mix = None
+                if torch.is_grad_enabled():
+                    hold_for_backward(m, row)
+
+    def qk_probabilities(self) -> np.ndarray:
+        """The QK-norms' probabilities ``(n_qk, Q)``, float64 (as :meth:`probabilities`); ``(0, 0)`` when not searched."""
+        if self.qk_alphas is None:
+            return np.zeros((0, 0))
+        return mixing_probabilities(self.qk_alphas, self.tau, self.mixing).cpu().numpy()
+
+    def qk_choices(self) -> list[str]:
+        """The QK choice per searched QK-norm: :attr:`qk_fixed`, or the argmax of its alphas."""
+        if self.qk_alphas is None:
+            return []
+        idx = self.qk_fixed if self.qk_fixed is not None else self.qk_alphas.detach().argmax(-1).tolist()
+        return [self.qk_candidates[int(i)] for i in idx]
+
+    def fix_qk(self) -> list[str]:
+        """Read the QK choices off (the argmax of their alphas, DARTS' rule) and impose them one-hot
+        (:attr:`qk_fixed`), before the sites' read-off. Returns the choices."""
+        if self.qk_alphas is not None:
+            self.qk_fixed = [int(i) for i in self.qk_alphas.detach().argmax(-1).tolist()]
+        return self.qk_choices()
 
     def arch_parameters(self) -> list[nn.Parameter]:
-        """The architecture parameters: ``[alphas]``, shape ``(n_sites, K)``."""
-        return [self.alphas]
+        """The architecture parameters: ``[alphas]`` ``(n_sites, K)``, then ``qk_alphas``
+        ``(n_qk, Q)`` where QK-norm is searched."""
+        return [self.alphas] + ([self.qk_alphas] if self.qk_alphas is not None else [])
 
     def named_weight_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """``(name, parameter)`` for every parameter except the alphas."""
-        return [(n, p) for n, p in self.named_parameters() if p is not self.alphas]
+        """``(name, parameter)`` for every parameter except the architecture parameters."""
+        arch = {id(p) for p in self.arch_parameters()}
+        return [(n, p) for n, p in self.named_parameters() if id(p) not in arch]
 
     def weight_parameters(self) -> list[nn.Parameter]:
         """Every parameter except the alphas (branch weights, norms, embeddings)."""
@@ -131,7 +216,7 @@ class Supernet(SupernetMixin, TransformerLM):
         if mixing not in MIXINGS:
             raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
         cands = cfg.searched_candidates()
-        super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers)
+        super().__init__(cfg, vocab_size, [(cands, cands)] * cfg.n_layers, [cfg.qk_norm] * cfg.n_layers)
         set_candidate_scale(self, candidate_scale)
         self.candidates = cands
         self.granularity = cfg.granularity
@@ -144,6 +229,8 @@ class Supernet(SupernetMixin, TransformerLM):
         #: bilevel search. Not part of ``state_dict``: selection runs after the last checkpointed
         #: step and is re-run on resume.
         self.projected: dict[int, int] = {}
+        searched = [(f"block{i}.qk", b.attn.qk_norm) for i, b in enumerate(self.blocks) if len(cfg.qk_norm) > 1]
+        self.init_qk(searched, arch_init_std)  # drawn after the alphas: a config without QK-norm starts as before
 
     def arrange(self, weights: torch.Tensor) -> torch.Tensor:
         """Per block and sublayer ``(n_layers, 2, K)`` (layer granularity repeats a row)."""
@@ -154,12 +241,14 @@ class Supernet(SupernetMixin, TransformerLM):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, mix: torch.Tensor | None = None):
         """As :meth:`TransformerLM.forward`; unless ``mix`` is given, mixes with
         :meth:`mixing_weights` (with fresh Gumbel noise in training mode for stochastic mixings)."""
-        return super().forward(idx, targets, self.mixing_weights(self.draw_gumbel()) if mix is None else mix)
+        with self.qk_mixing():
+            return super().forward(idx, targets, self.mixing_weights(self.draw_gumbel()) if mix is None else mix)
 
     def hidden_states(self, idx: torch.Tensor, mix: torch.Tensor | None = None) -> list[torch.Tensor]:
         """As :meth:`TransformerLM.hidden_states` (``n_layers + 1`` tensors ``(B, T, d_model)``),
         mixing with the deterministic relaxed weights unless ``mix`` is given."""
-        return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
+        with self.qk_mixing():
+            return super().hidden_states(idx, self.mixing_weights() if mix is None else mix)
 
 
 def set_candidate_scale(model: nn.Module, candidate_scale: str) -> None:

@@ -64,6 +64,12 @@ def _global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
+def _zeros_for_unused(params: list[torch.Tensor], grads) -> list[torch.Tensor]:
+    """``grads`` with zeros (shaped as ``params``) where autograd gave None: an architecture
+    parameter the loss does not reach (the QK-norm's alphas once its choice is fixed one-hot)."""
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
 class Architect:
     """Updates the supernet's alphas with Adam (DARTS' betas
     (0.5, 0.999), weight decay 1e-3, from ``cfg.arch_*``), first- or second-order.
@@ -88,12 +94,12 @@ class Architect:
         """``(L_alpha with regularisers, its cross-entropy part)``, scalars; ``batch`` ``(B, T)`` pairs."""
         ce = self._ce(batch, gumbel)
         total = ce
-        alphas = self.model.alphas
-        if self.cfg.zero_one_weight > 0:
-            total = total + self.cfg.zero_one_weight * zero_one_loss(alphas)
-        lam = linear(0.0, self.cfg.beta_reg_max, step, self.cfg.steps)
-        if lam > 0:
-            total = total + lam * beta_regulariser(alphas)
+        for alphas in self.model.arch_parameters():  # the sites' alphas, then the QK-norm's where searched
+            if self.cfg.zero_one_weight > 0:
+                total = total + self.cfg.zero_one_weight * zero_one_loss(alphas)
+            lam = linear(0.0, self.cfg.beta_reg_max, step, self.cfg.steps)
+            if lam > 0:
+                total = total + lam * beta_regulariser(alphas)
         return total, ce
 
     # --- second-order pieces -----------------------------------------------------------------
@@ -117,18 +123,20 @@ class Architect:
                 p.copy_(b)
 
     def hessian_vector_product(self, backup: list[torch.Tensor], v: list[torch.Tensor], batch_w: Batch,
-                               gumbel: Noise = None, rng: Optional[tuple] = None) -> torch.Tensor:
+                               gumbel: Noise = None, rng: Optional[tuple] = None) -> list[torch.Tensor]:
         """``[grad_alpha L_w(w+, alpha) - grad_alpha L_w(w-, alpha)] / (2 eps)`` with
-        ``w± = w ± eps v``, ``eps = 0.01 / ||v||`` (DARTS eq. 8); shape of the alphas.
+        ``w± = w ± eps v``, ``eps = 0.01 / ||v||`` (DARTS eq. 8); one tensor per architecture
+        parameter (:meth:`autoln.models.supernet.SupernetMixin.arch_parameters`), shaped like it.
         ``backup`` holds ``w``; the weights are left at ``w-`` (call :meth:`restore`).
         ``rng``: a :func:`rng_state` that both passes replay (the virtual step's dropout mask);
         the generator is then left as it was found. None: the passes draw on."""
+        arch = self.model.arch_parameters()
         norm = _global_norm(v)
         if norm == 0:
-            return torch.zeros_like(self.model.alphas)
+            return [torch.zeros_like(a) for a in arch]
         eps = 0.01 / norm
         weights = self.model.weight_parameters()
-        device = self.model.alphas.device
+        device = arch[0].device
         resume = rng_state(device) if rng is not None else None
         grads = []
         for sign in (1.0, -1.0):
@@ -138,11 +146,10 @@ class Architect:
             if rng is not None:
                 set_rng_state(rng, device)
             with full_precision(self.model):
-                (g,) = torch.autograd.grad(self._ce(batch_w, gumbel), [self.model.alphas])
-            grads.append(g)
+                grads.append(torch.autograd.grad(self._ce(batch_w, gumbel), arch, allow_unused=True))
         if resume is not None:
             set_rng_state(resume, device)
-        return (grads[0] - grads[1]) / (2 * eps)
+        return [torch.zeros_like(a) if gp is None else (gp - gm) / (2 * eps) for a, gp, gm in zip(arch, *grads)]
 
     # --- the update ----------------------------------------------------------------------------
 
@@ -157,26 +164,28 @@ class Architect:
             gumbel: the step's Gumbel noise (None: deterministic, or drawn by the model).
 
         Returns:
-            ``(cross-entropy L_alpha in nats/token, g_alpha shaped like the alphas)``.
+            ``(cross-entropy L_alpha in nats/token, g_alpha)``: ``g_alpha`` one tensor per
+            architecture parameter, shaped like it (the sites' alphas first).
         """
-        alphas = self.model.alphas
+        arch = self.model.arch_parameters()
         if self.cfg.order == 1:
             total, ce = self.alpha_objective(batch_alpha, gumbel, step)
-            (g,) = torch.autograd.grad(total, [alphas])
+            g = _zeros_for_unused(arch, torch.autograd.grad(total, arch, allow_unused=True))
         else:
             weights = self.model.weight_parameters()
-            rng = rng_state(alphas.device)  # the virtual step's dropout mask, replayed at w+ and w-
+            rng = rng_state(arch[0].device)  # the virtual step's dropout mask, replayed at w+ and w-
             backup = self.virtual_step(batch_w, xi, gumbel)
             try:
                 total, ce = self.alpha_objective(batch_alpha, gumbel, step)
-                *v, g_direct = torch.autograd.grad(total, weights + [alphas])
+                grads = torch.autograd.grad(total, weights + arch, allow_unused=True)
+                v, g_direct = list(grads[:len(weights)]), _zeros_for_unused(arch, grads[len(weights):])
                 distributed.average_(v)
                 hvp = self.hessian_vector_product(backup, v, batch_w, gumbel, rng)
             finally:
                 self.restore(backup)
-            g = g_direct - xi * hvp
+            g = [gd - xi * h for gd, h in zip(g_direct, hvp)]
         ce = ce.detach().reshape(1).clone()
-        distributed.average_([g, ce])
+        distributed.average_([*g, ce])
         return ce.item(), g
 
     def step(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int) -> float:
@@ -185,10 +194,11 @@ class Architect:
         when the loss or the alpha gradient is not finite: the update is then not applied."""
         gumbel = self.model.draw_gumbel()
         loss, g = self.gradient(batch_w, batch_alpha, xi, step, gumbel)
-        if not (math.isfinite(loss) and bool(torch.isfinite(g).all())):
+        if not (math.isfinite(loss) and all(bool(torch.isfinite(t).all()) for t in g)):
             return math.nan
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.alphas.grad = g
+        for a, t in zip(self.model.arch_parameters(), g):
+            a.grad = t
         self.optimizer.step()
         return loss
 

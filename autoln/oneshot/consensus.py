@@ -28,7 +28,7 @@ import numpy as np
 
 from autoln.config import Config, with_defaults
 from autoln.core.errors import ConfigError
-from autoln.models.genotype import Genotype, bounded_provenance, nest_sites, site_rows
+from autoln.models.genotype import Genotype, bounded_provenance, nest_sites, qk_field, site_rows
 from autoln.core.io import write_text_atomic
 from autoln.core.locks import FolderLock
 from autoln.models.supernet import site_names
@@ -131,7 +131,29 @@ def consensus_genotype(c: Consensus, genotypes: list[Genotype], seeds: list[int]
     }
     names = [c.candidates[k] for k in c.choices]
     return Genotype(list(c.candidates), first.granularity, nest_sites(names, first.granularity),
-                    nest_sites(rows, first.granularity), dict(first.model), provenance)
+                    nest_sites(rows, first.granularity), dict(first.model), provenance, qk_consensus(genotypes))
+
+
+def qk_consensus(genotypes: list[Genotype]) -> Optional[dict]:
+    """The consensus of the seeds' QK-norm choices (:mod:`autoln.space.qk`): per block the choice of
+    most seeds, a tie broken by the larger mean probability; the genotype's ``qk_norm`` field, None
+    when no seed chose QK-norm anywhere."""
+    with_qk = [g.qk_norm for g in genotypes if g.qk_norm is not None]
+    if not with_qk:
+        return None
+    cands = list(with_qk[0]["candidates"])
+    n = len(genotypes[0].placements)
+    probs = np.zeros((n, len(cands)))
+    votes = np.zeros((n, len(cands)))
+    for g in genotypes:
+        for i, choice in enumerate(g.qk_choices()):
+            votes[i, cands.index(choice) if choice in cands else 0] += 1
+        if g.qk_norm is not None and list(g.qk_norm["candidates"]) == cands:
+            probs += np.asarray(g.qk_norm["probabilities"], dtype=np.float64)
+        else:  # a seed without QK-norm anywhere: one-hot on none
+            probs[:, cands.index("none") if "none" in cands else 0] += 1
+    choices = [cands[max(range(len(cands)), key=lambda k: (votes[i, k], probs[i, k]))] for i in range(n)]
+    return qk_field(cands, choices, probs / len(genotypes))
 
 
 #: Config sections that decide what a search computes (logging and the tuner's settings do not).

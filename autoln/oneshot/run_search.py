@@ -235,7 +235,9 @@ def _search(cfg: Config, out: Path, overwrite: bool, on_eval: Optional[EvalHook]
     procs = f", {distributed.world_size()} processes" if distributed.active() else ""
     resumed = f"\n  resumed from {out / CHECKPOINT_FILE} at step {start}" if ckpt is not None else ""
     distributed.print_main(f"autoln search -> {out}\n  data: {corpus.describe()}\n  supernet: {sum(p.numel() for p in model.weight_parameters()):,} weights, "
-                           f"alphas {tuple(model.alphas.shape)} over {model.candidates}, order {sc.order}, mixing {sc.mixing}, "
+                           f"alphas {tuple(model.alphas.shape)} over {model.candidates}"
+                           + (f", QK-norm alphas {tuple(model.qk_alphas.shape)} over {model.qk_candidates}" if model.qk_alphas is not None else "")
+                           + f", order {sc.order}, mixing {sc.mixing}, "
                            f"device {device}{procs}{resumed}", file=sys.stderr)
     read_off = loop.run()
     return finish_search(cfg, out, corpus, loop, read_off, ckpt is not None)
@@ -258,7 +260,8 @@ def finish_search(cfg: Config, out: Path, corpus, loop: SearchLoop, read_off: Re
     provenance = search_provenance(cfg, corpus, loop, read_off, {"unigram_plateau": plateau, "at_unigram_plateau": at_plateau,
                                                                  "wall_time_s": round(wall, 2)}, resumed)
     chosen = None if read_off.method == "argmax" else read_off.choices
-    genotype = from_probabilities(read_off.probabilities, cfg.model, corpus.vocab_size, provenance, chosen)
+    genotype = from_probabilities(read_off.probabilities, cfg.model, corpus.vocab_size, provenance, chosen, read_off.qk,
+                                  read_off.qk_probabilities)
     path = genotype.save(out / GENOTYPE_FILE) if distributed.is_main() else out / GENOTYPE_FILE
     distributed.barrier()
     return SearchResult(genotype, path, valid_metrics, wall, loop.model)

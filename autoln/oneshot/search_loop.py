@@ -146,6 +146,9 @@ class ReadOff:
         shortlist: the supernet's best whole genotypes by one-hot score, ``(choices, loss in
             nats/token)`` best first, scored before the read-off changed any weight (the race's
             pool, :mod:`autoln.race.rule`); empty unless the loop was asked for them.
+        qk: per searched QK-norm its choice, read off first by the argmax of its alphas and
+            imposed one-hot during the sites' read-off; None where QK-norm is not searched.
+        qk_probabilities: ``(n_qk, Q)`` float64, the QK-norms' probabilities then; None likewise.
     """
 
     choices: list[int]
@@ -159,6 +162,8 @@ class ReadOff:
     fine_tuning_skipped: int = 0
     early: Optional[dict] = None
     shortlist: list = field(default_factory=list)
+    qk: Optional[list] = None
+    qk_probabilities: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -353,6 +358,8 @@ class SearchLoop:
     def read_off(self) -> ReadOff:
         """The genotype per ``sc.selection`` (argmax of the pre-rise alphas after an early stop)."""
         sc, stopped = self.sc, self.state["stopped_at"]
+        qk_probs = self.model.qk_probabilities() if self.model.qk_alphas is not None else None
+        qk = self.model.fix_qk() or None  # the QK-norm first (DARTS' argmax), one-hot while the sites are read off
         self.work, self.work_done = self.read_off_work(), 0.0
         if self.work is not None:
             self.emit("on_read_off_start", self.work)
@@ -373,6 +380,7 @@ class SearchLoop:
         if out.method != "argmax" and self.data.valid is not None:
             out.selected_valid = self.data.valid()
         out.shortlist = shortlist or (out.scored.top[:self.shortlist] if out.scored is not None else [])
+        out.qk, out.qk_probabilities = qk, qk_probs
         self.emit("on_read_off", out)
         return out
 

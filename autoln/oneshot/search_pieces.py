@@ -205,6 +205,8 @@ class TensorBoard(Callback):
         if step % self.log_every == 0 or evaluation:
             log.alphas(model.probabilities(), model.site_names, model.candidates, step, image=evaluation)
             loop.state["alpha_history"].append([step, model.probabilities().tolist()])
+            if model.qk_alphas is not None:  # the QK-norm's own alphas: scalars alpha/<block>.qk/<candidate>
+                log.alphas(model.qk_probabilities(), model.qk_site_names, model.qk_candidates, step)
 
     def on_evaluate(self, loop: SearchLoop, step: int) -> None:
         model, log, record = loop.model, self.log, loop.state["record"]

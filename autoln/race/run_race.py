@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 
 from autoln.engine.checkpoint import CHECKPOINT_FILE, Interrupted
@@ -45,6 +45,7 @@ from autoln.retrain.compare import retrain_one
 from autoln.config import Config
 from autoln.data import HEADLINE, UNITS, load_corpus
 from autoln.core.errors import OutputError
+from autoln.models.genotype import QK_NAMED, named_qk
 from autoln.models.genotype import BASELINES, Genotype, baseline, from_probabilities, over_candidates, site_rows
 from autoln.core.io import read_json, write_json_atomic
 from autoln.core.locks import FolderLock
@@ -70,16 +71,19 @@ def rule_of(cfg: Config) -> RaceRule:
                     proposals=rc.proposals)
 
 
-def named_specs(candidates: list[str]) -> list[str]:
-    """The named placements a search over ``candidates`` races: each of
-    :data:`autoln.models.genotype.BASELINES` whose placements are all candidates (``mix-ln`` and
-    ``pre-post`` need ``pre`` and ``post``), then ``all-<c>`` for any other candidate (``pre:fixed``)."""
+def named_specs(candidates: list[str], qk_candidates: Sequence[str] = ("none",)) -> list[str]:
+    """The named placements a search over ``candidates`` (and QK-norm over ``qk_candidates``)
+    races: each of :data:`autoln.models.genotype.BASELINES` whose placements are all candidates
+    (``mix-ln`` and ``pre-post`` need ``pre`` and ``post``), then ``all-<c>`` for any other
+    candidate (``pre:fixed``), then ``olmo2``, ``gemma3``, ``qwen3`` where their placement and a
+    QK-norm of theirs are candidates (:func:`autoln.space.qk.named_qk`)."""
     out = []
     for name in BASELINES:
         needs = {"pre", "post"} if name in ("mix-ln", "pre-post") else {name[4:]}
         if needs <= set(candidates):
             out.append(name)
-    return out + [f"all-{c}" for c in candidates if f"all-{c}" not in out]
+    out += [f"all-{c}" for c in candidates if f"all-{c}" not in out]
+    return out + [n for n in QK_NAMED if named_qk(n, candidates, qk_candidates) is not None]
 
 
 def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tuple[list[Entry], dict[str, str], dict[str, str]]:
@@ -95,9 +99,10 @@ def race_pool(cfg: Config, supernet: Genotype, vocab: int, folder: Path) -> tupl
         searched.append((f"top{i + 1}", [int(c) for c in entry["choices"]]))
     if cfg.race.proposer == "random":  # random search through the same race: no supernet entry
         searched = []
-    named = named_specs(cands)
+    named = named_specs(cands, mc.qk_norm)
     named_pl = [(n, baseline(n, mc, vocab).describe()) for n in named]
-    genotypes = {name: from_probabilities(probs, mc, vocab, {"race_entry": name, "searched_in": str(folder)}, choices)
+    qk = supernet.qk_choices() if supernet.qk_norm is not None else None  # the read-off's QK-norm, for every searched entry
+    genotypes = {name: from_probabilities(probs, mc, vocab, {"race_entry": name, "searched_in": str(folder)}, choices, qk)
                  for name, choices in searched}
     entries, aliases = make_pool([(n, g.describe()) for n, g in genotypes.items()], named_pl)
     specs = {n: n for n in named}
@@ -165,7 +170,8 @@ class RaceSetup:
                     choices = list(self.proposer.space.encode(e.placements))
                     from_probabilities(self.supernet.site_probabilities(), self.supernet.model_config(self.cfg.model),
                                        self.supernet.model["vocab_size"], {"race_entry": e.name, "origin": origin(e),
-                                                                            "searched_in": str(self.folder)}, choices).save(path)
+                                                                            "searched_in": str(self.folder)}, choices,
+                                       self.supernet.qk_choices() if self.supernet.qk_norm is not None else None).save(path)
                 self.specs[e.name] = str(path)
         return p
 

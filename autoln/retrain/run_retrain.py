@@ -28,7 +28,7 @@ from autoln.data import (HEADLINE, WindowSampler, check_lengths, estimate_starts
 from autoln.models.diagnostics import SpikeCounter, logits, snapshot
 from autoln.engine.checkpoint import CHECKPOINT_FILE, StopSignals, check_corpus_there, load_for_resume, set_rng_state, space_errors_kept
 from autoln.core.errors import ConfigError, FolderInUse, GenotypeError, OutputError
-from autoln.models.genotype import (BASELINES, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline,
+from autoln.models.genotype import (NAMED, MODEL_KEYS, OPTIONAL_MODEL_KEYS, Genotype, baseline, is_baseline,
                                     unfinished_race_hint)
 from autoln.space.placements import placement_names
 from autoln.core.io import write_json_atomic, write_text_atomic
@@ -98,7 +98,7 @@ class RetrainResult:
 
 
 def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
-    """A genotype from a file path or a baseline name (:data:`autoln.models.genotype.BASELINES`, built
+    """A genotype from a file path or a baseline name (:data:`autoln.models.genotype.NAMED`, built
     at ``cfg.model``'s size).
 
     Raises:
@@ -117,11 +117,11 @@ def resolve_genotype(spec: str, cfg: Config, vocab_size: int) -> Genotype:
     if not spec or not Path(spec).is_file():
         import difflib
 
-        close = difflib.get_close_matches(spec, [*BASELINES, *(f"all-{c}" for c in placement_names())], n=1)
+        close = difflib.get_close_matches(spec, [*NAMED, *(f"all-{c}" for c in placement_names())], n=1)
         hint = (" ('none' has no norm, so no ':fixed' form)" if spec.startswith("all-none:")
                 else f" (did you mean {close[0]!r}?)" if close else "")
         raise GenotypeError(f"--genotype {spec!r}: no such file, and not a baseline name{hint} (expected a genotype.json, "
-                            f"one of {list(BASELINES)} or all-<candidate> such as all-pre:fixed)")
+                            f"one of {list(NAMED)} or all-<candidate> such as all-pre:fixed)")
     genotype = Genotype.load(spec)
     if genotype.model["vocab_size"] != vocab_size:
         raise GenotypeError(f"{spec}: field 'model.vocab_size' is {genotype.model['vocab_size']} but the data "
@@ -283,7 +283,7 @@ def _retrain(cfg: Config, genotype_spec: str, out: Path, overwrite: bool, on_eva
     seed_everything(rc.seed)
     train, valid = corpus.splits["train"], corpus.splits["valid"]
     sampler = WindowSampler(train, np.array([[0, len(train)]]), mc.context, rc.batch_size, seed=[rc.seed, 3])
-    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements()).init_output_bias(corpus.unigram_log_probs())
+    derived = build_derived(mc, corpus.vocab_size, genotype.block_placements(), genotype.qk_choices()).init_output_bias(corpus.unigram_log_probs())
     model = prepare_model(derived, device, rc)
     opt, sched = weight_optimizer(list(model.named_parameters()), rc)
     checkpointing = Checkpointing(out, cfg.checkpoint.every, signals, device,

@@ -61,15 +61,18 @@ RACE_FIELDS = ["candidates", "search_seed", "rule", "read_off", "answer", "answe
                "search_s", "race_s", "retrains", "fresh_answer", "fresh_best_named", "best_named", "fresh_pre", "commit"]
 
 
-def rung_recipe(steps: int) -> tuple[Recipe, str]:
+def rung_recipe(steps: int, lr: float = Recipe().lr) -> tuple[Recipe, str]:
     """nanoGPT's recipe at ``steps`` and the table's ``setup`` of such a retrain: at a shorter rung
     its schedule's shape kept (the warm-up scaled with the length, as ``search.py``'s race scales
     it; marked ``warmup-scaled``), at the full 500 steps and longer the ground truth's own
-    (warm-up 100 steps, the cosine stretched to the end, as ``truth_longer.py`` trains)."""
+    (warm-up 100 steps, the cosine stretched to the end, as ``truth_longer.py`` trains). At a
+    peak learning rate ``lr`` other than nanoGPT's 1e-3, ``min_lr`` is a tenth of it (nanoGPT's
+    ratio) and the setup says ``lr=<lr>``."""
     full = Recipe()
+    setup = SETUP if lr == full.lr else f"{SETUP} lr={lr:g}"
     if steps >= full.steps:
-        return Recipe(steps=steps), SETUP
-    return Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps)), f"{SETUP} warmup-scaled"
+        return Recipe(steps=steps, lr=lr, min_lr=lr / 10), setup
+    return Recipe(steps=steps, warmup=round(full.warmup * steps / full.steps), lr=lr, min_lr=lr / 10), f"{setup} warmup-scaled"
 
 
 def table_values(path: Path = TABLE) -> dict[tuple[str, int, int, str], float]:
@@ -100,19 +103,19 @@ def search_answer(cands: tuple[str, ...], seed: int, data, vocab: int, recipe: R
 class Trainer:
     """Retrains of the set-up, read from the table when there and recorded in it when not."""
 
-    def __init__(self, cands: tuple[str, ...], data, vocab: int) -> None:
-        self.cands, self.data, self.vocab = cands, data, vocab
+    def __init__(self, cands: tuple[str, ...], data, vocab: int, qk: tuple[str, ...] = ("none",), lr: float = Recipe().lr) -> None:
+        self.cands, self.data, self.vocab, self.qk, self.lr = cands, data, vocab, qk, lr
         self.done = table_values()
         self.commit = current_commit()
         self.spent = 0.0
         self.ran = 0
 
     def build(self) -> GPT:
-        return GPT(GPTConfig(**SIZE, vocab_size=self.vocab, norm_candidates=self.cands))
+        return GPT(GPTConfig(**SIZE, vocab_size=self.vocab, norm_candidates=self.cands, qk_candidates=self.qk))
 
     def value(self, genotype: autoln.SiteGenotype, seed: int, steps: int, name: str) -> float:
         """The validation loss of ``genotype`` trained at ``seed`` for ``steps`` (table first)."""
-        recipe, setup = rung_recipe(steps)
+        recipe, setup = rung_recipe(steps, self.lr)
         key = (genotype.describe(), seed, steps, setup)
         if key in self.done:
             return self.done[key]
@@ -122,7 +125,8 @@ class Trainer:
         train(model, self.data[0], SIZE["block_size"], recipe, seed)
         val, secs = val_loss(model, self.data[1], SIZE["block_size"]), time.perf_counter() - t0
         append_row(TABLE, {"space": "+".join(self.cands), "name": name, "genotype": key[0], "seed": seed, "steps": steps,
-                           "val": f"{val:.6f}", "train_s": f"{secs:.1f}", "setup": setup, "commit": self.commit})
+                           "val": f"{val:.6f}", "train_s": f"{secs:.1f}", "setup": setup, "commit": self.commit,
+                           "qk": qk_label(genotype)})
         self.done[key] = float(f"{val:.6f}")
         self.spent += secs
         self.ran += 1
@@ -135,6 +139,23 @@ def placements_of(model) -> dict[str, str]:
     return {n: next(iter(m.placements)) for n, m in model.named_modules() if isinstance(m, Site)}
 
 
+def qk_of(model) -> dict[str, str]:
+    """A derived model's QK-norm choice per attention (each :class:`autoln.QKNorm` holds one), in module order."""
+    return {n: m.candidates[0] for n, m in model.named_modules() if isinstance(m, autoln.QKNorm)}
+
+
+def as_genotype(model, cands: tuple[str, ...], qk: tuple[str, ...] = ("none",)) -> autoln.SiteGenotype:
+    """The site genotype a derived ``model`` trains (its placements and, where QK-norm is searched, its QK choices)."""
+    choices = qk_of(model) if len(qk) > 1 else {}
+    return autoln.SiteGenotype(list(cands), placements_of(model), {}, {}, choices, list(qk) if choices else [], {})
+
+
+def qk_label(genotype: autoln.SiteGenotype) -> str:
+    """The table's ``qk`` column: the one QK choice of every attention (``none`` without any), or ``mixed``."""
+    choices = set(genotype.qk.values()) or {"none"}
+    return choices.pop() if len(choices) == 1 else "mixed"
+
+
 def race_one(k: str, seed: int, data, vocab: int) -> dict:
     """One race (module docstring) and its fresh-seed check; the row of ``RACES``."""
     cands = SETS[k]
@@ -143,8 +164,7 @@ def race_one(k: str, seed: int, data, vocab: int) -> dict:
     tr = Trainer(cands, data, vocab)
 
     def train_fn(model, s, steps):  # the table holds the retrain, or it is run and recorded; evaluate reads it
-        placements = autoln.SiteGenotype(list(cands), placements_of(model), {})
-        model.autoln_value = tr.value(placements, s, steps, f"race{k}")
+        model.autoln_value = tr.value(as_genotype(model, cands), s, steps, f"race{k}")
 
     named = named_site_genotypes(tr.build())
     t0 = time.perf_counter()

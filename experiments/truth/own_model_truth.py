@@ -48,7 +48,31 @@ from autoln.api import searchable_sites  # noqa: E402
 from autoln.oneshot.fidelity import sample_genotypes  # noqa: E402
 
 TABLE = ROOT / "experiments" / "own_model_truth.csv"
-FIELDS = ["space", "name", "genotype", "seed", "steps", "val", "train_s", "setup", "commit"]
+#: The table's columns; ``qk`` (the QK-norm choice, :mod:`autoln.space.qk`) came last, later: a row
+#: without it (written before it existed) has no QK-norm (read as ``none``, :func:`qk_of_row`).
+FIELDS = ["space", "name", "genotype", "seed", "steps", "val", "train_s", "setup", "commit", "qk"]
+
+
+def qk_of_row(row: dict) -> str:
+    """A row's QK-norm choice: its ``qk`` column, ``none`` where the row has none (an older row)."""
+    return row.get("qk") or "none"
+
+
+def ensure_qk_column(path: Path = TABLE) -> None:
+    """Give the table ``path`` the ``qk`` column in its header when it lacks it (its older rows
+    then read as ``none``); the file is replaced atomically, its rows unchanged."""
+    import os
+
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    header, sep, rest = data.partition(b"\n")
+    end = b"\r" if header.endswith(b"\r") else b""  # the csv module's lines end in \r\n: kept byte for byte
+    if header.rstrip(b"\r").split(b",")[-1] == b"qk":
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(header.rstrip(b"\r") + b",qk" + end + sep + rest)
+    os.replace(tmp, path)
 CANDIDATES = ("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none")
 SIZE = dict(n_layer=4, n_embd=64, n_head=4, block_size=64, bias=False)
 SETUP = "nanogpt-3adf61e1+diff bias=False shakespeare-char L4 d64 T64 B32"

@@ -1,0 +1,175 @@
+"""QK-norm in nanoGPT's own model: every named placement with and without QK-norm, at nanoGPT's
+learning rate and at 3x and 10x it, and one race per learning rate with QK-norm searched.
+
+Setting: ``own_model_truth.py``'s (``examples/gpt.py``: nanoGPT's ``model.py`` with the README's
+diff, ``bias=False``; tiny Shakespeare as characters; nanoGPT's loop and recipe; 4 layers of width
+64, block 64, batch 32, 500 steps), the seven candidates. Peak learning rates :data:`LRS` (nanoGPT's
+``shakespeare_char`` 1e-3, then 3e-3 and 1e-2), ``min_lr`` a tenth of each; the warm-up stays 100
+steps. High learning rates are where QK-norm is expected to matter (Wortsman et al. 2023, §3.1:
+it removes the attention-logit growth that makes them diverge).
+
+1. **The grid**: the named placements (``all-<c>`` for the seven, ``mix-ln``, ``pre-post``), each
+   with QK-norm ``none`` and ``qk`` (per head), and ``olmo2`` (``all-outnorm`` with QK-norm across
+   heads, ``qk-all``), at seeds 0, 1, 2 and every learning rate. ``all-peri`` + ``qk`` is Gemma 3's
+   pairing, ``all-pre`` + ``qk`` Qwen 3's.
+2. **The races** (``--races``): per learning rate, ``autoln.search`` over the seven placements and
+   QK-norm ``none, qk, qk-all`` (search seed 0, answers kept as
+   ``experiments/own_model/qk_lr<lr>_seed<s>.json``), then ``autoln.race_genotypes`` with nanoGPT's
+   loop at that learning rate; one row per race in ``experiments/qk_races.csv``.
+
+Every retrain is a row of ``experiments/own_model_truth.csv`` (column ``qk``; the genotype's text
+ends in `` | <QK choice per attention>`` with QK-norm somewhere; ``setup`` ends in ``lr=<lr>`` away
+from 1e-3), reused, never re-run: at 1e-3 without QK-norm the rows are the ground truth's own.
+A retrain that diverges (a non-finite validation loss) is a row with ``nan``, reported as such::
+
+    OMP_NUM_THREADS=1 python experiments/truth/qk_norm.py --data input.txt [--races] [--report]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+from nanogpt_recipe import Recipe, batches, load_data  # noqa: E402
+
+import autoln  # noqa: E402
+from autoln.api.racing import named_site_genotypes  # noqa: E402
+from autoln.core.io import append_csv_row  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
+from experiments.race.own_model_race import ANSWERS, SETS, Trainer, as_genotype, rung_recipe  # noqa: E402
+from experiments.truth.own_model_truth import SIZE, TABLE, ensure_qk_column  # noqa: E402
+from gpt import GPT, GPTConfig  # noqa: E402
+
+LRS = (1e-3, 3e-3, 1e-2)
+SEEDS = (0, 1, 2)
+CANDS = SETS["7"]
+QK = ("none", "qk", "qk-all")
+RACES = ROOT / "experiments" / "qk_races.csv"
+RACE_FIELDS = ["lr", "search_seed", "rule", "read_off", "answer", "answer_genotype", "outcome", "p_value", "verdict",
+               "search_s", "race_s", "retrains", "commit"]
+
+
+def grid_genotypes(trainer: Trainer) -> dict[str, autoln.SiteGenotype]:
+    """The grid's genotypes by name: each named placement without QK-norm and ``+qk``, and ``olmo2``."""
+    named = named_site_genotypes(trainer.build())
+    out = {}
+    for name, g in named.items():
+        if name in ("olmo2", "gemma3", "qwen3"):
+            continue
+        qk_names = list(g.qk)
+        for choice in ("none", "qk"):
+            out[name if choice == "none" else f"{name}+qk"] = autoln.SiteGenotype(
+                g.candidates, dict(g.sites), dict(g.probabilities), {}, {n: choice for n in qk_names}, list(QK),
+                {n: [1.0 if c == choice else 0.0 for c in QK] for n in qk_names})
+    out["olmo2"] = named["olmo2"]
+    return out
+
+
+def run_grid(data, vocab: int) -> None:
+    """Every genotype of :func:`grid_genotypes` at every learning rate and seed (table first)."""
+    for lr in LRS:
+        tr = Trainer(CANDS, data, vocab, QK, lr)
+        for seed in SEEDS:
+            for name, g in grid_genotypes(tr).items():
+                tr.value(g, seed, Recipe().steps, f"qk-grid:{name}")
+
+
+def race_lr(lr: float, seed: int, data, vocab: int) -> dict:
+    """The search (seven placements, QK-norm searched) and race at learning rate ``lr``; the row of :data:`RACES`."""
+    recipe, _ = rung_recipe(Recipe().steps, lr)
+    tr = Trainer(CANDS, data, vocab, QK, lr)
+    path = ANSWERS / f"qk_lr{lr:g}_seed{seed}.json"
+    if path.exists():
+        searched = autoln.SiteGenotype.load(path)
+    else:
+        import torch
+
+        half = len(data[0]) // 2
+        torch.manual_seed(seed)
+        supernet = tr.build()
+        cfg = autoln.SearchConfig(lr=lr)
+        outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
+                                arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
+                                cfg=cfg, seed=seed, progress=False)
+        ANSWERS.mkdir(parents=True, exist_ok=True)
+        searched = outcome.genotype
+        searched.save(path)
+
+    def train_fn(model, s, steps):
+        model.autoln_value = tr.value(as_genotype(model, CANDS, QK), s, steps, f"qk-race:lr={lr:g}")
+
+    t0 = time.perf_counter()
+    outcome = autoln.race_genotypes(tr.build, searched, train=train_fn, evaluate=lambda m: getattr(m, "autoln_value", 0.0),
+                                    steps=recipe.steps, own="pre", seed=0, unit="nats/char")
+    v = outcome.verdict
+    return {"lr": f"{lr:g}", "search_seed": seed, "rule": REVISION, "read_off": searched.describe(), "answer": v.answer.name,
+            "answer_genotype": outcome.genotype.describe(), "outcome": v.outcome,
+            "p_value": "" if v.p_value is None else f"{v.p_value:.4g}", "verdict": v.line,
+            "search_s": f"{searched.provenance.get('wall_time_s', 0):.1f}", "race_s": f"{time.perf_counter() - t0:.1f}",
+            "retrains": len(outcome.values), "commit": tr.commit}
+
+
+def report(data_vocab) -> str:
+    """The grid as a Markdown table: per genotype and learning rate the mean ± std over the seeds
+    (nats/char), ``diverged`` where a seed's loss is not finite."""
+    tr = Trainer(CANDS, None, data_vocab, QK)
+    genotypes = grid_genotypes(tr)
+    with open(TABLE, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    lines = ["| genotype | QK-norm | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " |", "|---|---|" + "---|" * len(LRS)]
+    for name, g in genotypes.items():
+        cells = []
+        for lr in LRS:
+            _, setup = rung_recipe(Recipe().steps, lr)
+            by_seed = {int(r["seed"]): float(r["val"]) for r in rows if r["setup"] == setup and r["genotype"] == g.describe()
+                       and int(r["steps"]) == Recipe().steps and int(r["seed"]) in SEEDS}  # one row per seed (any space)
+            vals = list(by_seed.values())
+            bad = sum(not math.isfinite(v) for v in vals)
+            ok = [v for v in vals if math.isfinite(v)]
+            cell = f"{statistics.mean(ok):.4f} ± {statistics.stdev(ok):.4f}" if len(ok) > 1 else (f"{ok[0]:.4f}" if ok else "-")
+            cells.append(cell + (f" ({bad} of {len(vals)} diverged)" if bad else "") + ("" if len(vals) == len(SEEDS) else f" [{len(vals)} seeds]"))
+        qk = sorted(set(g.qk.values()) or {"none"})
+        lines.append(f"| {name.removesuffix('+qk')} | {'/'.join(qk)} | " + " | ".join(cells) + " |")
+    if RACES.exists():
+        with open(RACES, newline="", encoding="utf-8") as f:
+            for r in csv.DictReader(f):
+                lines.append(f"\nrace at lr {r['lr']} (search seed {r['search_seed']}): {r['verdict']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters)")
+    p.add_argument("--races", action="store_true", help="after the grid, one race per learning rate with QK-norm searched")
+    p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument("--report", action="store_true", help="print the grid's table only")
+    args = p.parse_args(argv)
+    try:
+        train_data, val_data, vocab = load_data(args.data)
+    except ValueError as exc:
+        p.error(f"--data {exc}")
+    ensure_qk_column(TABLE)
+    if not args.report:
+        run_grid((train_data, val_data), vocab)
+        if args.races:
+            done = set()
+            if RACES.exists():
+                with open(RACES, newline="", encoding="utf-8") as f:
+                    done = {(r["lr"], int(r["search_seed"]), r["rule"]) for r in csv.DictReader(f)}
+            for lr in LRS:
+                if (f"{lr:g}", args.search_seed, REVISION) not in done:
+                    append_csv_row(RACES, RACE_FIELDS, race_lr(lr, args.search_seed, (train_data, val_data), vocab))
+    print(report(vocab))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
