@@ -350,3 +350,9 @@ def test_the_consensus_of_seeds_takes_each_block_s_qk_choice_of_most_seeds():
     plain = from_probabilities(probs, _cfg(qk_norm=["none"]), VOCAB)
     assert qk_consensus([plain, plain]) is None
     assert qk_consensus([a, plain, plain]) is None  # none at every block, by two seeds of three: written without the field
+
+
+def test_a_searched_qk_norm_without_a_searched_site_is_refused_in_one_line(patched):  # noqa: F811
+    model = patched.GPT(patched.GPTConfig(**SIZE, bias=False, norm_candidates=("pre",), qk_candidates=("none", "qk")))
+    with pytest.raises(ValueError, match="QK-norm is searched beside the placements, so give the sites two or more"):
+        autoln.SearchModel(model)

@@ -79,6 +79,10 @@ class SearchModel(SupernetMixin, nn.Module):
             raise ValueError(f"unknown mixing {mixing!r}; expected one of {list(MIXINGS)}")
         sites = searchable_sites(model)
         if not sites:
+            if searchable_qk_norms(model):
+                raise ValueError("the model's autoln.QKNorm s are searched but it holds no autoln.Site with two or more "
+                                 "candidates: QK-norm is searched beside the placements, so give the sites two or more "
+                                 "candidates too (e.g. ('pre', 'outnorm'))")
             raise ValueError("the model holds no autoln.Site with two or more candidates: nothing to search "
                              "(wrap each sublayer as x = self.attn_site(x, self.attn), see the README's 'Your own model')")
         cands = list(sites[0][1].placements)

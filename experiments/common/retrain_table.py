@@ -190,12 +190,15 @@ def config_id(config: dict, fingerprint: str) -> str:
     """12 hex digits of the SHA-256 of what a retrain's number depends on besides its genotype
     and seed: the corpus's content (``fingerprint``, :attr:`autoln.data.Corpus.fingerprint`; not
     its path, which differs between machines) and its tokenizer, the ``model`` section but the
-    genotype's own keys (``candidates``, ``granularity``, ``affine``), the ``retrain`` section
-    but ``seed`` and ``device``. ``config``: a config as a dict (:meth:`autoln.config.Config.to_dict`)."""
+    genotype's own keys (``candidates``, ``granularity``, ``affine``, ``qk_norm``: the QK-norm a
+    retrain builds is its genotype's, whose text says it), the ``retrain`` section but ``seed``
+    and ``device``. ``config``: a config as a dict (:meth:`autoln.config.Config.to_dict`). A key
+    added to the config later at its default (``qk_norm``) leaves the rows written before it
+    valid: their ids are unchanged."""
     import hashlib
     import json
 
-    model = {k: v for k, v in config["model"].items() if k not in ("candidates", "granularity", "affine")}
+    model = {k: v for k, v in config["model"].items() if k not in ("candidates", "granularity", "affine", "qk_norm")}
     retrain = {k: v for k, v in config["retrain"].items() if k not in ("seed", "device")}
     key = {"data": [fingerprint, config["data"].get("tokenizer")], "model": model, "retrain": retrain}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
