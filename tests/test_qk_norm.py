@@ -356,3 +356,27 @@ def test_a_searched_qk_norm_without_a_searched_site_is_refused_in_one_line(patch
     model = patched.GPT(patched.GPTConfig(**SIZE, bias=False, norm_candidates=("pre",), qk_candidates=("none", "qk")))
     with pytest.raises(ValueError, match="QK-norm is searched beside the placements, so give the sites two or more"):
         autoln.SearchModel(model)
+
+
+def test_search_py_with_qk_norm_searched_writes_the_read_off_s_choice_and_its_retrain_builds_it(tmp_path):
+    from autoln.config import load_config
+    from autoln.oneshot.run_search import run_search
+
+    from .conftest import ROOT
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
+        "logging.progress=false", "logging.tensorboard=false", "race.enabled=false", "search.steps=20",
+        "search.arch_warmup_steps=5", "search.arch_lr=0.3", "model.qk_norm=[none,qk,qk-all]", f"data.cache_dir={tmp_path / 'c'}"])
+    result = run_search(cfg, tmp_path / "s")
+    model = result.model
+    assert model.qk_alphas is not None and model.qk_fixed is not None  # read off first, one-hot during the sites' read-off
+    assert model.qk_choices() == [QK[i] for i in model.qk_alphas.detach().argmax(-1).tolist()]
+    g = Genotype.load(tmp_path / "s" / "genotype.json")
+    assert g.qk_choices() == model.qk_choices()
+    if g.qk_norm is not None:  # the probabilities are the QK-norm's own, softmaxed
+        torch.testing.assert_close(torch.tensor(g.qk_norm["probabilities"], dtype=torch.float64),
+                                   torch.softmax(model.qk_alphas.detach().double() / model.tau, -1), rtol=1e-5, atol=1e-6)
+    derived = build_derived(g.model_config(cfg.model), g.model["vocab_size"], g.block_placements(), g.qk_choices())
+    for block, choice in zip(derived.blocks, g.qk_choices()):
+        assert (block.attn.qk_norm is None) == (choice == "none")
+        assert choice == "none" or block.attn.qk_norm.candidates == [choice]

@@ -64,12 +64,6 @@ def _global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors]))
 
 
-def _zeros_for_unused(params: list[torch.Tensor], grads) -> list[torch.Tensor]:
-    """``grads`` with zeros (shaped as ``params``) where autograd gave None: an architecture
-    parameter the loss does not reach (the QK-norm's alphas once its choice is fixed one-hot)."""
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-
-
 class Architect:
     """Updates the supernet's alphas with Adam (DARTS' betas
     (0.5, 0.999), weight decay 1e-3, from ``cfg.arch_*``), first- or second-order.
@@ -165,12 +159,14 @@ class Architect:
 
         Returns:
             ``(cross-entropy L_alpha in nats/token, g_alpha)``: ``g_alpha`` one tensor per
-            architecture parameter, shaped like it (the sites' alphas first).
+            architecture parameter, shaped like it (the sites' alphas first), None for one the
+            loss does not reach (the QK-norm's alphas once the read-off fixed its choice: no
+            update, not even Adam's momentum, moves them then).
         """
         arch = self.model.arch_parameters()
         if self.cfg.order == 1:
             total, ce = self.alpha_objective(batch_alpha, gumbel, step)
-            g = _zeros_for_unused(arch, torch.autograd.grad(total, arch, allow_unused=True))
+            g = list(torch.autograd.grad(total, arch, allow_unused=True))
         else:
             weights = self.model.weight_parameters()
             rng = rng_state(arch[0].device)  # the virtual step's dropout mask, replayed at w+ and w-
@@ -178,14 +174,14 @@ class Architect:
             try:
                 total, ce = self.alpha_objective(batch_alpha, gumbel, step)
                 grads = torch.autograd.grad(total, weights + arch, allow_unused=True)
-                v, g_direct = list(grads[:len(weights)]), _zeros_for_unused(arch, grads[len(weights):])
+                v, g_direct = list(grads[:len(weights)]), grads[len(weights):]
                 distributed.average_(v)
                 hvp = self.hessian_vector_product(backup, v, batch_w, gumbel, rng)
             finally:
                 self.restore(backup)
-            g = [gd - xi * h for gd, h in zip(g_direct, hvp)]
+            g = [None if gd is None else gd - xi * h for gd, h in zip(g_direct, hvp)]
         ce = ce.detach().reshape(1).clone()
-        distributed.average_([*g, ce])
+        distributed.average_([*(t for t in g if t is not None), ce])
         return ce.item(), g
 
     def step(self, batch_w: Batch, batch_alpha: Batch, xi: float, step: int) -> float:
@@ -194,11 +190,11 @@ class Architect:
         when the loss or the alpha gradient is not finite: the update is then not applied."""
         gumbel = self.model.draw_gumbel()
         loss, g = self.gradient(batch_w, batch_alpha, xi, step, gumbel)
-        if not (math.isfinite(loss) and all(bool(torch.isfinite(t).all()) for t in g)):
+        if not (math.isfinite(loss) and all(t is None or bool(torch.isfinite(t).all()) for t in g)):
             return math.nan
         self.optimizer.zero_grad(set_to_none=True)
         for a, t in zip(self.model.arch_parameters(), g):
-            a.grad = t
+            a.grad = t  # None: Adam leaves the parameter as it is
         self.optimizer.step()
         return loss
 
