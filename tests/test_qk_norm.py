@@ -349,7 +349,7 @@ def test_the_consensus_of_seeds_takes_each_block_s_qk_choice_of_most_seeds():
     assert qk_consensus([a, b, c])["choices"] == ["qk", "qk-all", "qk-all"]
     plain = from_probabilities(probs, _cfg(qk_norm=["none"]), VOCAB)
     assert qk_consensus([plain, plain]) is None
-    assert qk_consensus([a, plain, plain]) is None  # none at every block, by two seeds of three: written without the field
+    assert qk_consensus([a, plain, plain])["choices"] == ["none"] * 3  # none at every block, by two seeds of three, recorded
 
 
 def test_a_searched_qk_norm_without_a_searched_site_is_refused_in_one_line(patched):  # noqa: F811
@@ -380,3 +380,91 @@ def test_search_py_with_qk_norm_searched_writes_the_read_off_s_choice_and_its_re
     for block, choice in zip(derived.blocks, g.qk_choices()):
         assert (block.attn.qk_norm is None) == (choice == "none")
         assert choice == "none" or block.attn.qk_norm.candidates == [choice]
+
+
+def test_the_api_race_s_answer_keeps_its_qk_norm_choice_and_derives(patched, tmp_path):  # noqa: F811
+    import contextlib
+    import io
+
+    cfg = dict(**SIZE, bias=False, norm_candidates=("pre", "post"), qk_candidates=("none", "qk"))
+
+    def build():
+        with contextlib.redirect_stdout(io.StringIO()):
+            return patched.GPT(patched.GPTConfig(**cfg))
+
+    qk_names = [f"transformer.h.{i}.attn.qk_norm" for i in range(3)]
+    sites = {f"transformer.h.{i}.{s}_site": "post" for i in range(3) for s in ("attn", "mlp")}
+    searched = autoln.SiteGenotype(["pre", "post"], sites, {n: [0.0, 1.0] for n in sites}, {}, {n: "qk" for n in qk_names},
+                                   ["none", "qk"], {n: [0.0, 1.0] for n in qk_names})
+
+    def evaluate(model):  # rigged: Post-LN with QK-norm everywhere is a whole unit better (qwen3, Pre-LN's, is not), plus seed noise
+        qk = all(m.candidates == ["qk"] for m in model.modules() if isinstance(m, autoln.QKNorm))
+        post = all(list(m.placements) == ["post"] for m in model.modules() if isinstance(m, autoln.Site))
+        return (1.0 if qk and post else 2.0) + 0.05 * float(torch.rand(()))
+
+    race = autoln.race_genotypes(build, searched, train=lambda model, seed, steps: None, evaluate=evaluate, steps=9,
+                                 own="pre", progress=False)
+    assert race.verdict.outcome == "searched-wins", race.record["verdict"]["line"]
+    assert race.genotype.qk == searched.qk and race.genotype.qk_candidates == ["none", "qk"]
+    back = autoln.SiteGenotype.load(race.genotype.save(tmp_path / "g.json"))
+    model = autoln.derive(build(), back)
+    assert [m.candidates for m in model.modules() if isinstance(m, autoln.QKNorm)] == [["qk"]] * 3
+
+
+def test_markdown_tables_escape_the_bar_of_a_qk_genotype():
+    from autoln.retrain.compare import md_cell
+
+    assert md_cell("outnorm outnorm | qk-all qk-all") == "outnorm outnorm \\| qk-all qk-all"
+
+
+def test_a_searched_qk_norm_that_chose_none_everywhere_is_still_recorded():
+    qk_probs = torch.softmax(torch.randn(3, 3), -1).numpy()
+    g = from_probabilities(torch.softmax(torch.randn(3, 3), -1).numpy(), _cfg(), VOCAB, {}, None, ["none"] * 3, qk_probs)
+    assert g.qk_norm is not None and g.qk_norm["choices"] == ["none"] * 3 and not g.has_qk()
+    assert g.model_config(ModelConfig()).qk_norm == QK  # a retrain's config.yaml records the genotype's QK-norm
+
+
+@pytest.mark.parametrize("args, kwargs, want", [
+    ((["qk"], -32, 2), {}, "autoln.QKNorm: d_model: expected a positive integer, got -32"),
+    ((["qk"], 8, True), {}, "autoln.QKNorm: n_heads: expected a positive integer, got True"),
+    ((["qk"], 8, 2), {"bias": "no"}, "autoln.QKNorm: bias: expected True or False, got 'no'"),
+])
+def test_qk_norm_refuses_careless_sizes(args, kwargs, want):
+    with pytest.raises(ValueError, match=want.replace("(", r"\(").replace(")", r"\)")):
+        autoln.QKNorm(*args, **kwargs)
+
+
+def test_qk_norm_refuses_careless_tensors_and_weights():
+    m = autoln.QKNorm(QK, 8, 2)
+    q = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"weights: expected one per candidate, shape \(3,\), got \(2,\)"):
+        m(q, q, torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match="q: expected a tensor"):
+        m(None, q, torch.ones(3) / 3)
+    with pytest.raises(ValueError, match="k: expected a tensor .* got a 0-d tensor"):
+        m(q, torch.tensor(1.0), torch.ones(3) / 3)
+
+
+def test_a_huge_integer_in_a_qk_probability_is_one_line_not_a_traceback():
+    obj = baseline("olmo2", _cfg(), VOCAB).to_dict()
+    obj["qk_norm"]["probabilities"][0] = [10 ** 400]
+    with pytest.raises(GenotypeError, match=r"field 'qk_norm\.probabilities\[0\]'"):
+        Genotype.from_dict(json.loads(json.dumps(obj)), "g.json")
+
+
+@pytest.mark.parametrize("qk, want", [
+    ({"candidates": ["none", "qk"], "choices": {"a.qk_norm": "qkv"}, "probabilities": {}},
+     "field 'qk_norm.choices.a.qk_norm': expected one of ['none', 'qk'], got 'qkv'"),
+    ({"candidates": ["none", "qk", "qk"], "choices": {"a.qk_norm": "qk"}, "probabilities": {}},
+     "field 'qk_norm.candidates': a name given twice"),
+])
+def test_a_site_genotype_s_bad_qk_field_names_the_module_and_value(qk, want):
+    obj = {"format": "autoln.site-genotype", "version": 1, "candidates": ["pre", "post"], "sites": {"a": "pre"},
+           "probabilities": {"a": [1.0, 0.0]}, "provenance": {}, "qk_norm": qk}
+    with pytest.raises(GenotypeError, match=want.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        autoln.SiteGenotype.from_dict(obj, "g.json")
+
+
+def test_named_placements_without_qk_norm_take_the_first_candidate_where_none_is_not_one():
+    assert baseline("all-pre", _cfg(qk_norm=["qk", "qk-all"]), VOCAB).qk_choices() == ["qk"] * 3
+    assert baseline("all-pre", _cfg(qk_norm=["none", "qk"]), VOCAB).qk_norm is None

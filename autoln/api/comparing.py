@@ -81,7 +81,7 @@ class Comparison:
         lines = [f"| model | placements | mean ± std ({self.unit}) | per seed | vs best |", "|---|---|---|---|---|"]
         for r in self.rows:
             cell = vs_best(r.mean - best.mean, max(r.std, best.std), len(self.seeds), r is best)
-            lines.append(f"| {r.name} | {r.placements} | {mean_std(r.values)} | "
+            lines.append(f"| {r.name} | {r.placements.replace('|', chr(92) + '|')} | {mean_std(r.values)} | "
                          f"{' / '.join(f'{v:.4f}' for v in r.values)} | {cell} |")
         return "\n".join(lines)
 

@@ -185,8 +185,8 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
               "verdict": {"answer": v.answer.name, "outcome": v.outcome, "line": v.line, "p_value": v.p_value, "values": v.values,
                           "origin": R.origin(v.answer)}}
     chosen = genotypes[v.answer.name]
-    answer = SiteGenotype(chosen.candidates, dict(chosen.sites), dict(chosen.probabilities),
-                          {**chosen.provenance, "race": record["verdict"] | {"rule": record["rule"]}})
+    answer = replace(chosen, sites=dict(chosen.sites), probabilities=dict(chosen.probabilities),  # its QK-norm choice kept
+                     provenance={**chosen.provenance, "race": record["verdict"] | {"rule": record["rule"]}})
     if progress:
         print(f"{where}: {v.line}", file=sys.stderr, flush=True)
     return RaceOutcome(answer, v, plan, values, record)

@@ -6,7 +6,6 @@ passes (:func:`as_site_genotype`), and the notes on a read-off's weak answers
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import numpy as np
 
 from autoln.core.io import loads_strict
 from autoln.core.errors import GenotypeError, cut, quoted
-from autoln.models.genotype import FORMAT, SITE_FORMAT
+from autoln.models.genotype import FORMAT, SITE_FORMAT, finite_number
 from autoln.space.placements import placement_names
 
 
@@ -85,8 +84,7 @@ class SiteGenotype:
             if placement not in cands:
                 raise fail(f"sites.{name}", f"expected one of the candidates {quoted(cands)}, got {quoted(placement)}")
             row = probs[name]
-            if not isinstance(row, list) or len(row) != len(cands) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in row) \
+            if not isinstance(row, list) or len(row) != len(cands) or not all(finite_number(v) and v >= 0 for v in row) \
                     or abs(sum(row) - 1.0) > 1e-4:
                 raise fail(f"probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1, got {quoted(row)}")
         provenance = obj.get("provenance", {})
@@ -133,13 +131,17 @@ def check_qk_choices(field_: Any, fail) -> tuple[dict[str, str], list[str], dict
     cands, choices, probs = field_["candidates"], field_["choices"], field_["probabilities"]
     if not isinstance(cands, list) or not cands or any(not isinstance(c, str) or c not in QK_NORMS for c in cands):
         raise fail("qk_norm.candidates", f"expected names of {list(QK_NORMS)}, got {quoted(cands)}")
-    if not isinstance(choices, dict) or not choices or any(c not in cands for c in choices.values()):
+    if len(set(cands)) != len(cands):
+        raise fail("qk_norm.candidates", f"a name given twice in {quoted(cands)}")
+    if not isinstance(choices, dict) or not choices:
         raise fail("qk_norm.choices", f"expected an object: QK-norm module name -> one of {quoted(cands)}")
+    for name, choice in choices.items():
+        if not isinstance(choice, str) or choice not in cands:
+            raise fail(f"qk_norm.choices.{name}", f"expected one of {quoted(cands)}, got {quoted(choice)}")
     if not isinstance(probs, dict) or not set(probs) <= set(choices):
         raise fail("qk_norm.probabilities", "expected an object: QK-norm module name -> probabilities")
     for name, row in probs.items():
-        if not isinstance(row, list) or len(row) != len(cands) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in row) \
+        if not isinstance(row, list) or len(row) != len(cands) or not all(finite_number(v) and v >= 0 for v in row) \
                 or abs(sum(row) - 1.0) > 1e-4:
             raise fail(f"qk_norm.probabilities.{name}", f"expected {len(cands)} finite non-negative numbers summing to 1")
     return dict(choices), list(cands), {k: [float(v) for v in r] for k, r in probs.items()}

@@ -163,6 +163,13 @@ def _print_sites(g, folder: Path, scale: float = 1.0, unit: str = "nats/token") 
 
     sites = site_names(g.model["n_layers"], g.granularity)
     print(genotype_markdown(g.site_probabilities(), sites, g.candidates, [g.candidates.index(n) for n in site_choices(g)]))
+    if g.qk_norm is not None and len(g.qk_norm["candidates"]) > 1:  # a searched QK-norm: its own probabilities, read off by argmax
+        import numpy as np
+
+        qk = g.qk_norm
+        print("QK-norm (its own alphas; the read-off takes the most probable):")
+        print(genotype_markdown(np.asarray(qk["probabilities"]), [f"block{i}.qk" for i in range(len(qk["choices"]))],
+                                qk["candidates"], [qk["candidates"].index(c) for c in qk["choices"]]))
     rises = g.provenance["selection"].get("loss_rises")
     if rises is not None:
         print(f"loss rise ({unit}) when a candidate is removed (perturbation-based selection picks the largest):")
@@ -190,7 +197,9 @@ def _seeds(cfg, args) -> None:
 
     out = Path(args.out) if args.out else default_out_dir("seeds")
     consensus, path = run_seeds(cfg, args.seeds, out, args.workers, args.overwrite)
-    print((out / VOTES_FILE).read_text() + f"\nconsensus genotype: {' '.join(consensus.candidates[k] for k in consensus.choices)}"
+    from autoln.models.genotype import Genotype
+
+    print((out / VOTES_FILE).read_text() + f"\nconsensus genotype: {Genotype.load(path).describe()}"  # its QK-norm too
           f"\nagreement: {consensus.agreement:.0%} of sites\nwrote {path}, {out / VOTES_FILE}")
     print("next: " + script_line("retrain.py", "--compare", "--genotype", path, "--config", out / f"seed{cfg.search.seed}" / "config.yaml"))
 

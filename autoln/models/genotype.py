@@ -102,13 +102,15 @@ class Genotype:
         return np.asarray(site_rows(self.probabilities, self.granularity), dtype=np.float64)
 
     def model_config(self, base: ModelConfig | None = None) -> ModelConfig:
-        """A :class:`ModelConfig` with this genotype's dimensions; other fields (dropout) from
-        ``base``. Raises ConfigError if the dimensions are inconsistent."""
+        """A :class:`ModelConfig` with this genotype's dimensions, candidates and QK-norm candidates
+        (``[none]`` without the field); other fields (dropout) from ``base``. Raises ConfigError if
+        the dimensions are inconsistent."""
         from dataclasses import replace
 
         dims = {k: self.model[k] for k in MODEL_KEYS + OPTIONAL_MODEL_KEYS if k != "vocab_size" and k in self.model}
         dims.setdefault("affine", "learnable")
-        cfg = replace(base or ModelConfig(), **dims, candidates=list(self.candidates), granularity=self.granularity)
+        qk = list(self.qk_norm["candidates"]) if self.qk_norm is not None else ["none"]  # the QK-norm its model has
+        cfg = replace(base or ModelConfig(), **dims, candidates=list(self.candidates), granularity=self.granularity, qk_norm=qk)
         cfg.validate()
         return cfg
 
@@ -254,7 +256,7 @@ class Genotype:
                     raise fail(qname, f"expected a list of {len(cands)} probabilities (one per candidate)")
                 if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p):
                     raise fail(qname, "expected numbers")
-                if not all(math.isfinite(v) and v >= 0 for v in p):
+                if not all(finite_number(v) and v >= 0 for v in p):
                     raise fail(qname, f"probabilities must be finite and non-negative, got {quoted(p)}")
                 if abs(sum(p) - 1.0) > SUM_TOL:
                     raise fail(qname, f"probabilities sum to {sum(p):.6f}, expected 1")
@@ -287,19 +289,29 @@ def check_qk_field(qk: Any, n_layers: int, fail) -> Optional[dict[str, Any]]:
     for i, (c, p) in enumerate(zip(qk["choices"], qk["probabilities"])):
         if not isinstance(c, str) or c not in cands:
             raise fail(f"qk_norm.choices[{i}]", f"expected one of {cands}, got {quoted(c)}")
-        if not isinstance(p, list) or len(p) != len(cands) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                                      and math.isfinite(v) and v >= 0 for v in p):
+        if not isinstance(p, list) or len(p) != len(cands) or not all(finite_number(v) and v >= 0 for v in p):
             raise fail(f"qk_norm.probabilities[{i}]", f"expected {len(cands)} finite non-negative numbers, got {quoted(p)}")
         if abs(sum(p) - 1.0) > SUM_TOL:
             raise fail(f"qk_norm.probabilities[{i}]", f"probabilities sum to {sum(p):.6f}, expected 1")
     return {k: qk[k] for k in keys}
 
 
+def finite_number(v: Any) -> bool:
+    """True for a finite int or float (not a bool); False for an integer too large for a float."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer of hundreds of digits
+        return False
+
+
 def qk_field(candidates, choices, probabilities=None) -> Optional[dict[str, Any]]:
     """A genotype's ``qk_norm`` field: ``choices`` (one per block) over ``candidates``, with
     ``probabilities`` ``(n_layers, Q)`` (default one-hot on the choices); None when every choice is
-    ``none`` (a genotype without QK-norm is written as before)."""
-    if all(c == "none" for c in choices):
+    ``none`` and there are no probabilities (a genotype without QK-norm is written as before; a
+    searched QK-norm is recorded with its probabilities even where it chose none everywhere)."""
+    if all(c == "none" for c in choices) and probabilities is None:
         return None
     cands = list(candidates)
     for c in choices:
@@ -376,7 +388,7 @@ def from_probabilities(probs: np.ndarray, cfg: ModelConfig, vocab_size: int, pro
         raise ValueError(f"choices: expected {len(rows)} candidate indices in [0, {len(cands)}), got {choices}")
     names = [cands[c] for c in choices]
     if qk is None:
-        qk, qk_probs = [plain_qk(cfg.qk_norm) if len(cfg.qk_norm) == 1 else "none"] * cfg.n_layers, None
+        qk, qk_probs = [plain_qk(cfg.qk_norm)] * cfg.n_layers, None
     return Genotype(cands, cfg.granularity, nest_sites(names, cfg.granularity), nest_sites(rows, cfg.granularity),
                     model_dims(cfg, vocab_size), provenance or {}, qk_field(cfg.qk_norm, qk, qk_probs))
 
@@ -423,7 +435,7 @@ def baseline(name: str, cfg: ModelConfig, vocab_size: int) -> Genotype:
         prefs = QK_NAMED[name][1]
         qk = next((c for c in prefs if c in cfg.qk_norm), prefs[0])
     else:
-        qk = plain_qk(cfg.qk_norm) if len(cfg.qk_norm) == 1 else "none"
+        qk = plain_qk(cfg.qk_norm)
     if cfg.affine == "fixed":  # every norm's gain and bias fixed, the sites' as the final norm's
         names = [n + ":fixed" if not n.endswith(":fixed") and PLACEMENTS[parse_name(n)[0]].has_norm else n for n in names]
     cands = sorted(set(names), key=placement_names().index)

@@ -35,17 +35,23 @@ class QKNorm(nn.Module):
         bias: the norms carry a learnable bias (as ``nn.LayerNorm``; False as nanoGPT's ``bias=False``).
 
     Raises:
-        ValueError: unknown or repeated candidates, ``d_model`` not divisible by ``n_heads``, an unknown ``norm``.
+        ValueError: unknown or repeated candidates, ``d_model`` or ``n_heads`` not a positive
+            integer or ``d_model`` not divisible by ``n_heads``, an unknown ``norm``, ``bias`` not a bool.
     """
 
     def __init__(self, candidates: Sequence[str] = ("qk",), d_model: int = 64, n_heads: int = 1, norm: str = "layernorm",
                  bias: bool = True) -> None:
         super().__init__()
         cands = check_qk_candidates(candidates, "autoln.QKNorm: candidates")
-        if not isinstance(n_heads, int) or n_heads < 1 or not isinstance(d_model, int) or d_model % n_heads:
+        for name, v in (("d_model", d_model), ("n_heads", n_heads)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"autoln.QKNorm: {name}: expected a positive integer, got {v!r}")
+        if d_model % n_heads:
             raise ValueError(f"autoln.QKNorm: d_model ({d_model!r}) must be a positive multiple of n_heads ({n_heads!r})")
         if norm not in NORMS:
             raise ValueError(f"autoln.QKNorm: norm: expected one of {list(NORMS)}, got {norm!r}")
+        if not isinstance(bias, bool):
+            raise ValueError(f"autoln.QKNorm: bias: expected True or False, got {bias!r}")
         self.candidates, self.d_model, self.n_heads = cands, d_model, n_heads
         width = {"head": d_model // n_heads, "model": d_model}
         self.q_norms = nn.ModuleDict({c: NORMS[norm](width[QK_NORMS[c]], True, bias) for c in cands if QK_NORMS[c]})
@@ -74,11 +80,15 @@ class QKNorm(nn.Module):
         shaped as the inputs.
 
         Raises:
-            ValueError: ``q`` or ``k`` whose last dimension is not ``d_model``; several
-                candidates and no mixing weights (a searched QK-norm outside a supernet)."""
+            ValueError: ``q`` or ``k`` not a tensor or whose last dimension is not ``d_model``;
+                several candidates and no mixing weights (a searched QK-norm outside a
+                supernet), or weights not one per candidate."""
+        where = f"autoln.QKNorm {self.name!r}" if self.name else "autoln.QKNorm"
         for what, t in (("q", q), ("k", k)):
+            if not isinstance(t, torch.Tensor) or t.dim() < 1:
+                got = f"a {type(t).__name__}" if not isinstance(t, torch.Tensor) else "a 0-d tensor"
+                raise ValueError(f"{where}: {what}: expected a tensor (..., d_model={self.d_model}), got {got}")
             if t.shape[-1] != self.d_model:
-                where = f"autoln.QKNorm {self.name!r}" if self.name else "autoln.QKNorm"
                 raise ValueError(f"{where}: {what} has last dimension {t.shape[-1]}, expected d_model={self.d_model} "
                                  "(call it on q and k before splitting them into heads)")
         if len(self.candidates) == 1:
@@ -91,6 +101,9 @@ class QKNorm(nn.Module):
         if weights is None:
             raise ValueError(f"a QK-norm with several candidates ({self.candidates}) needs mixing weights: run the model "
                              "inside its supernet (autoln.SearchModel), or derive it to one candidate first")
+        if weights.shape != (len(self.candidates),):
+            raise ValueError(f"{where}: weights: expected one per candidate, shape ({len(self.candidates)},), "
+                             f"got {tuple(weights.shape)}")
         mq = mk = None
         for c, w in zip(self.candidates, weights):
             qc, kc = self.one(c, q, k)

@@ -54,7 +54,9 @@ def check_searchable(mc) -> None:
     """Raise :class:`ConfigError` unless ``mc.candidates`` (a :class:`ModelConfig`'s) offers a
     choice: a search needs at least two candidate placements."""
     if len(mc.searched_candidates()) < 2:
-        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}")
+        qk = (f" (QK-norm, model.qk_norm={mc.qk_norm}, is searched beside the placements, not alone)"
+              if len(mc.qk_norm) > 1 else "")
+        raise ConfigError(f"model.candidates: a search needs at least two candidates, got {mc.candidates}{qk}")
 
 
 #: A supernet whose final valid loss is within this many nats/token of the unigram plateau

@@ -297,6 +297,11 @@ def _run_compare(cfg: Config, specs: list[str], seeds: int, out: Path, overwrite
     return entries
 
 
+def md_cell(value) -> str:
+    """``value`` as a Markdown table cell: a bar escaped (``pre pre | qk qk``, a genotype with QK-norm)."""
+    return str(value).replace("|", "\\|")
+
+
 def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
     """The table (CSV and Markdown), the curves PNG and the TensorBoard summary; returns the files."""
     from autoln.data import HEADLINE
@@ -328,7 +333,7 @@ def write_report(entries: list[Entry], out: Path, cfg: Config) -> list[Path]:
           "when within one standard deviation (the larger of the two).\n\n"
           + (ONE_SEED + "\n\n" if seeds == 1 else "")
           + "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-          + "\n".join("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in ranked) + "\n")
+          + "\n".join("| " + " | ".join("" if r[c] is None else md_cell(r[c]) for c in cols) + " |" for r in ranked) + "\n")
     files = [write_text_atomic(out / TABLE, csv), write_text_atomic(out / "compare.md", md)]
     fig = curves_figure(entries, headline)
     files.append(save_figure_atomic(fig, out / "valid_curves.png"))

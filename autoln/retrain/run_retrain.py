@@ -148,7 +148,7 @@ def prepare_derived(cfg: Config, genotype_spec: str, out: str | Path, overwrite:
     corpus = load_corpus(cfg.data)
     genotype = resolve_genotype(genotype_spec, cfg, corpus.vocab_size)
     mc = genotype.model_config(cfg.model)
-    for key in (k for k in (*MODEL_KEYS, *OPTIONAL_MODEL_KEYS) if k != "vocab_size"):
+    for key in (k for k in (*MODEL_KEYS, *OPTIONAL_MODEL_KEYS, "qk_norm") if k != "vocab_size"):
         if getattr(cfg.model, key) != getattr(mc, key):
             distributed.print_main(f"note: using the genotype's model.{key}={getattr(mc, key)} (config says {getattr(cfg.model, key)})", file=sys.stderr)
     searched_on = genotype.provenance.get("data")
