@@ -468,3 +468,11 @@ def test_a_site_genotype_s_bad_qk_field_names_the_module_and_value(qk, want):
 def test_named_placements_without_qk_norm_take_the_first_candidate_where_none_is_not_one():
     assert baseline("all-pre", _cfg(qk_norm=["qk", "qk-all"]), VOCAB).qk_choices() == ["qk"] * 3
     assert baseline("all-pre", _cfg(qk_norm=["none", "qk"]), VOCAB).qk_norm is None
+
+
+def test_compare_s_default_baselines_add_the_open_models_for_a_genotype_with_qk_norm(tmp_path):
+    from autoln.cli.retrain_command import _any_qk
+
+    qk = baseline("olmo2", _cfg(), VOCAB).save(tmp_path / "qk.json")
+    plain = baseline("all-pre", _cfg(), VOCAB).save(tmp_path / "plain.json")
+    assert _any_qk([str(plain), str(qk)]) and not _any_qk([str(plain), "all-pre", str(tmp_path / "missing.json")])

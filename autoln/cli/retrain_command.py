@@ -31,7 +31,8 @@ def retrain_main(argv: Optional[Sequence[str]] = None) -> int:
                         "placement with QK-norm: olmo2 | gemma3 | qwen3, or any all-<candidate> such as all-pre:fixed (required once; with --compare repeatable and optional)")
     p.add_argument("--compare", action="store_true",
                    help="retrain every --genotype and every --baselines entry for --seeds seeds; write a table and curves")
-    p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}; '' for none)")
+    p.add_argument("--baselines", metavar="LIST", help=f"with --compare: comma-separated baselines (default {DEFAULT_BASELINES}, "
+                   "and olmo2,gemma3,qwen3 when a genotype has QK-norm; '' for none)")
     p.add_argument("--seeds", type=int, metavar="N", help="with --compare: seeds per genotype (default 3)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="with --compare: retrains at once, each in its own process with the CPU threads shared (default 1)")
@@ -94,12 +95,31 @@ def compare_time(result, cfg, runs: int) -> str:
     return f"about {seconds / 3600:.1f} h on 2 idle cores" if seconds > 5400 else f"about {max(1, round(seconds / 60))} min on 2 idle cores"
 
 
+def _any_qk(specs) -> bool:
+    """True when one of the genotype files ``specs`` has QK-norm somewhere (unreadable ones are
+    left to the comparison's own checks, which name them)."""
+    from autoln.core.errors import GenotypeError
+    from autoln.models.genotype import Genotype, is_baseline
+
+    for spec in specs:
+        if is_baseline(spec):
+            continue
+        try:
+            if Genotype.load(spec).has_qk():
+                return True
+        except GenotypeError:
+            continue
+    return False
+
+
 def _compare(cfg, args) -> None:
     """``retrain.py --compare``: run the comparison and print its table."""
     from autoln.retrain.compare import run_compare
     from autoln.engine.training import default_out_dir
 
     baselines = [b.strip() for b in (DEFAULT_BASELINES if args.baselines is None else args.baselines).split(",") if b.strip()]
+    if args.baselines is None and _any_qk(args.genotype):  # a genotype with QK-norm meets the open models' pairings too
+        baselines += ["olmo2", "gemma3", "qwen3"]
     out = Path(args.out) if args.out else default_out_dir("compare")
     run_compare(cfg, args.genotype, baselines, 3 if args.seeds is None else args.seeds, out, args.overwrite, args.workers)
     print((out / "compare.md").read_text() + f"\nwrote {out / 'compare.csv'}, {out / 'compare.md'}, {out / 'valid_curves.png'}")
