@@ -53,10 +53,38 @@ def test_own_model_race_runs_a_tiny_race_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(m, "TABLE", tmp_path / "truth.csv")
     monkeypatch.setattr(m, "table_values", lambda path=None: {})
     cands = m.SETS["3"]
-    monkeypatch.setattr(m, "search_answer", lambda c, seed, d, vocab, recipe: autoln.SiteGenotype(
+    monkeypatch.setattr(m, "search_answer", lambda c, seed, d, vocab, recipe, *a, **k: autoln.SiteGenotype(
         list(cands), {"transformer.h.0.attn_site": "post", "transformer.h.0.mlp_site": "deepnorm"},
         {"transformer.h.0.attn_site": [0.2, 0.5, 0.3], "transformer.h.0.mlp_site": [0.2, 0.3, 0.5]}))
     row = m.race_one("3", 0, (data[0], data[1]), data[2])
     assert row["outcome"] in ("searched-wins", "named-wins", "tie") and row["verdict"].startswith("answer: ")
     rows = (tmp_path / "truth.csv").read_text().count("\n") - 1  # every retrain a row of the table, the fresh seeds' too
     assert len(row["fresh_answer"].split(" / ")) == 3 and int(row["retrains"]) >= 3 and rows >= int(row["retrains"])
+
+
+def test_final_replay_trains_a_missing_fresh_seed_alone(tmp_path, monkeypatch):
+    """``final_replay.py``'s retrain of a fresh seed (6 at 4x the budget) trains that seed, with
+    ``retrain.seed`` at 6 and one seed, not seeds 0 to 6 (each 4000-step retrain is 15-25 minutes)."""
+    m = experiment_script("race/final_replay")
+    calls = []
+
+    class Fake(m.Retrains):
+        def __init__(self):  # the setting's config without reading a corpus
+            from experiments.common.validate import setting_config
+
+            self.setting, self.table, self.out = "shallow", tmp_path / "t.csv", tmp_path
+            self.cfg = setting_config("shallow", ["logging.progress=false"], None)
+            self.done = {}
+
+        def values(self, placements):
+            return self.done
+
+    rt = Fake()
+
+    def compare(cfg, setting, files, named, seeds, folder, table):
+        calls.append((cfg.retrain.seed, seeds, named, folder.name))
+        rt.done[cfg.retrain.seed - rt.cfg.retrain.seed] = 1.5
+
+    monkeypatch.setattr("experiments.common.retrain_table.compare_with_table", compare)
+    assert rt.value("mix-ln", "pre pre", 6) == 1.5
+    assert calls == [(rt.cfg.retrain.seed + 6, 1, ["mix-ln"], "seed6")]

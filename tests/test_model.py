@@ -78,9 +78,10 @@ def test_residual_init_std_follows_gpt2_formula(n_layers):
             assert got.item() == pytest.approx(std, rel=0.02), name
 
 
-def _one_hot_supernet(cfg, rows):
+def _one_hot_supernet(cfg, rows, vocab=VOCAB):
+    """A supernet whose alphas are one-hot (logits +-1e4) on ``rows``, one candidate index per site."""
     torch.manual_seed(0)
-    net = Supernet(cfg, VOCAB)
+    net = Supernet(cfg, vocab)
     with torch.no_grad():
         net.alphas.fill_(-1e4)
         for i, k in enumerate(rows):

@@ -125,9 +125,15 @@ def test_a_broken_diff_is_refused_by_the_applier():
         apply_unified_diff("a\nb\n", "@@ -1,2 +1,2 @@\n a\n-c\n+d\n")
 
 
-def _train_losses(module, seed: int, steps: int = 3, **cfg) -> tuple[list[float], int]:
+def _train_losses(module, seed: int, steps: int = 3, attention=None, **cfg) -> tuple[list[float], int]:
+    """Three (``steps``) AdamW steps of nanoGPT's own optimizer groups on random tokens: the losses
+    and the parameter count. ``attention(block.attn)``, when given, replaces each block's attention
+    (a hand-written variant) before the optimizer is built."""
     torch.manual_seed(seed)
     model = module.GPT(module.GPTConfig(**SIZE, **cfg))
+    if attention is not None:
+        for block in model.transformer.h:
+            block.attn = attention(block.attn)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     g = torch.Generator().manual_seed(seed)
     losses = []

@@ -24,6 +24,7 @@ from autoln.models.supernet import Supernet
 from autoln.oneshot.architect import Architect
 from autoln.race.run_race import named_specs
 
+from .test_model import _one_hot_supernet
 from .test_nanogpt_diff import SIZE, _train_losses, nanogpt, patched  # noqa: F401 (fixtures)
 
 VOCAB = 40
@@ -35,12 +36,8 @@ def _cfg(**kw) -> ModelConfig:
 
 
 def _one_hot(cfg: ModelConfig, sites: list[int], qk: list[int]) -> Supernet:
-    torch.manual_seed(0)
-    net = Supernet(cfg, VOCAB)
+    net = _one_hot_supernet(cfg, sites, VOCAB)
     with torch.no_grad():
-        net.alphas.fill_(-1e4)
-        for i, k in enumerate(sites):
-            net.alphas[i, k] = 1e4
         for name, p in net.named_parameters():  # every norm (the QK-norms' too) away from its start
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
@@ -96,6 +93,28 @@ def test_mixed_qk_norm_is_the_weighted_sum_of_its_candidates():
     parts = [m.one(c, q, k) for c in QK]
     torch.testing.assert_close(mq, sum(wi * p[0] for wi, p in zip(w, parts)))
     torch.testing.assert_close(mk, sum(wi * p[1] for wi, p in zip(w, parts)))
+
+
+def test_a_supernet_forward_mixes_its_qk_norms_with_weights_computed_once_and_clears_them():
+    """``forward`` enters ``hidden_states``: the QK weights are computed once per forward pass, every
+    searched QK-norm mixes by its row, and none keeps a row after the pass."""
+    torch.manual_seed(0)
+    net = Supernet(_cfg(candidates=["pre", "post"]), VOCAB)
+    calls, qk_weights = [], net.qk_weights
+    net.qk_weights = lambda: calls.append(1) or qk_weights()
+    seen = {i: [] for i in range(3)}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, i=i: seen[i].append(mod.mix)) for i, m in enumerate(net._qk_modules)]
+    net(torch.randint(0, VOCAB, (2, 8)))
+    assert len(calls) == 1
+    for i, want in enumerate(qk_weights()):  # each attention runs twice (the normed and the raw input), with its row
+        assert len(seen[i]) == 2
+        for row in seen[i]:
+            torch.testing.assert_close(row, want)
+    assert all(m.mix is None for m in net._qk_modules)
+    net.hidden_states(torch.randint(0, VOCAB, (2, 8)))
+    assert len(calls) == 2
+    for h in hooks:
+        h.remove()
 
 
 @pytest.mark.parametrize("args, want", [
@@ -266,28 +285,9 @@ class HandQKAttention(nn.Module):
         return b.resid_dropout(b.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
-def _hand_losses(module, seed: int, steps: int = 3) -> tuple[list[float], int]:
-    torch.manual_seed(seed)
-    model = module.GPT(module.GPTConfig(**SIZE, bias=False))
-    for block in model.transformer.h:
-        block.attn = HandQKAttention(block.attn)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(steps):
-        x = torch.randint(0, SIZE["vocab_size"], (4, SIZE["block_size"]), generator=g)
-        _, loss = model(x, torch.roll(x, -1, 1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-    return losses, sum(p.numel() for p in model.parameters())
-
-
 def test_nanogpt_with_qk_is_a_hand_written_nanogpt_with_qk_norm_loss_for_loss(patched, nanogpt):  # noqa: F811
     got, n_got = _train_losses(patched, 0, bias=False, norm_candidates=("pre",), qk_candidates=("qk",))
-    want, n_want = _hand_losses(nanogpt, 0)
+    want, n_want = _train_losses(nanogpt, 0, attention=HandQKAttention, bias=False)
     assert n_got == n_want
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-6, atol=1e-6)
     plain, _ = _train_losses(nanogpt, 0, bias=False)

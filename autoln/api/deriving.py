@@ -63,20 +63,12 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     plain = unwrap(model)
     sites = dict(model_sites(plain))
     chosen = match_sites(genotype.sites, list(sites))
-    missing = [n for n in chosen if n not in sites]
-    if missing:
-        raise GenotypeError(f"the genotype names sites the model lacks: {missing} (the model's sites: {list(sites)})")
-    unset = [n for n, s in sites.items() if len(s.placements) > 1 and n not in chosen]
-    if unset:
-        raise GenotypeError(f"the model's searched sites {unset} have no placement in the genotype")
+    check_choices(chosen, {n: list(s.placements) for n, s in sites.items()}, ("site", "sites"), "placement")
     deep = [n for n, p in chosen.items() if parse_name(p)[0] == "deepnorm"]
     if deepnorm_weights is None:
         def deepnorm_weights(name: str) -> list[torch.Tensor]:
             return find_deepnorm_weights(plain, name)
     scaled = {name: list(deepnorm_weights(name)) for name in deep} if init else {}
-    for name, placement in chosen.items():
-        if placement not in sites[name].placements:
-            raise GenotypeError(f"site {name!r} offers {list(sites[name].placements)}, not the genotype's {placement!r}")
     qk_chosen = check_qk(plain, genotype)
     claims = [(name, w, sites[name].placements[chosen[name]].beta) for name, weights in scaled.items() for w in weights]
     scale_once(claims)  # checks every claim before it changes a weight
@@ -90,6 +82,29 @@ def derive(model: nn.Module, genotype: SiteGenotype, deepnorm_weights: Optional[
     return model
 
 
+def check_choices(chosen: dict[str, str], offered: dict[str, list[str]], kind: tuple[str, str], what: str,
+                  hint: str = "") -> None:
+    """Check a genotype's ``chosen`` option per module name against the model's ``offered`` options
+    per module name (its sites' placements, or its QK-norms' candidates); ``kind`` names one and
+    several such modules (``("site", "sites")``), ``what`` the genotype's entry and ``hint`` where
+    the genotype keeps it.
+
+    Raises:
+        GenotypeError: a module of the genotype the model lacks, a searched module of the model
+            (more than one option) the genotype gives no choice for, or a choice its module does
+            not offer."""
+    one, many = kind
+    missing = [n for n in chosen if n not in offered]
+    if missing:
+        raise GenotypeError(f"the genotype names {many} the model lacks: {missing} (the model's {many}: {list(offered)})")
+    unset = [n for n, options in offered.items() if len(options) > 1 and n not in chosen]
+    if unset:
+        raise GenotypeError(f"the model's searched {many} {unset} have no {what} in the genotype{hint}")
+    for name, choice in chosen.items():
+        if choice not in offered[name]:
+            raise GenotypeError(f"{one} {name!r} offers {offered[name]}, not the genotype's {choice!r}")
+
+
 def check_qk(model: nn.Module, genotype: SiteGenotype) -> list[tuple[QKNorm, str]]:
     """The QK-norms of ``model`` that :func:`derive` fixes, with their choice in ``genotype``:
     every QK-norm the genotype names (by module name, a wrapper's prefix matched as for the
@@ -100,15 +115,8 @@ def check_qk(model: nn.Module, genotype: SiteGenotype) -> list[tuple[QKNorm, str
             the genotype gives no choice for, a choice the QK-norm does not offer."""
     qks = dict(model_qk_norms(model))
     chosen = match_sites(genotype.qk, list(qks)) if genotype.qk else {}
-    missing = [n for n in chosen if n not in qks]
-    if missing:
-        raise GenotypeError(f"the genotype names QK-norms the model lacks: {missing} (the model's: {list(qks)})")
-    unset = [n for n, m in qks.items() if len(m.candidates) > 1 and n not in chosen]
-    if unset:
-        raise GenotypeError(f"the model's searched QK-norms {unset} have no choice in the genotype (its field qk_norm)")
-    for name, choice in chosen.items():
-        if choice not in qks[name].candidates:
-            raise GenotypeError(f"QK-norm {name!r} offers {qks[name].candidates}, not the genotype's {choice!r}")
+    check_choices(chosen, {n: list(m.candidates) for n, m in qks.items()}, ("QK-norm", "QK-norms"), "choice",
+                  " (its field qk_norm)")
     return [(qks[n], c) for n, c in chosen.items()]
 
 

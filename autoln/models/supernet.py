@@ -51,8 +51,9 @@ class SupernetMixin(abc.ABC):
     projected: dict[int, int]
     #: autocast dtype of the forward passes, None for fp32 (:func:`autoln.models.model.full_precision`).
     autocast_dtype = None
-    qk_candidates: list = []
-    qk_site_names: list = []
+    #: The searched QK-norms' candidates and module names, set per instance by :meth:`init_qk`.
+    qk_candidates: list[str]
+    qk_site_names: list[str]
     #: The read-off's QK choices (candidate index per row, imposed one-hot), None while searching.
     qk_fixed: Optional[list] = None
 
@@ -66,6 +67,8 @@ class SupernetMixin(abc.ABC):
         Raises:
             ValueError: QK-norms with different candidate lists."""
         self._qk_modules = [m for _, m in modules]
+        self._qk_active = False
+        self.qk_candidates, self.qk_site_names = [], []
         if not modules:
             self.register_parameter("qk_alphas", None)
             return
@@ -95,18 +98,21 @@ class SupernetMixin(abc.ABC):
     def qk_mixing(self) -> Iterator[None]:
         """Inside the block every searched QK-norm mixes by its row of :meth:`qk_weights`; each
         keeps its row for backward's recomputation under activation checkpointing
-        (:func:`autoln.models.site.hold_for_backward`)."""
-        weights = self.qk_weights()
-        if weights is None:
+        (:func:`autoln.models.site.hold_for_backward`). Entered again inside itself (``forward``
+        calls ``hidden_states``), it keeps the weights it computed once."""
+        if self._qk_active or self.qk_alphas is None:
             yield
             return
         from autoln.models.site import hold_for_backward
 
+        weights = self.qk_weights()
         for m, row in zip(self._qk_modules, weights):
             m.mix = row
+        self._qk_active = True
         try:
             yield
         finally:
+            self._qk_active = False
             for m, row in zip(self._qk_modules, weights):
                 m.mix = None
                 if torch.is_grad_enabled():

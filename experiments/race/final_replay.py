@@ -78,16 +78,20 @@ class Retrains:
                 and r.config == cid and r.windows == self.cfg.retrain.final_eval_windows}
 
     def value(self, spec: str, placements: str, seed: int) -> float:
-        """One retrain: from the table, else run (seeds ``0..seed`` of ``spec``, a named
-        placement or a genotype file, the finished ones reused) and recorded."""
+        """One retrain: from the table, else run (``spec``, a named placement or a genotype file,
+        at that seed alone: a fresh seed 6 at 4x the budget trains seed 6, not seeds 0-6) and
+        recorded."""
         have = self.values(placements)
         if seed not in have:
+            import dataclasses
+
             from autoln.models.genotype import is_baseline
             from experiments.common.retrain_table import compare_with_table
 
-            folder = self.out / self.setting / f"{self.cfg.retrain.steps}" / placements.replace(" ", "-")
+            folder = self.out / self.setting / f"{self.cfg.retrain.steps}" / placements.replace(" ", "-") / f"seed{seed}"
             files, named = ([], [spec]) if is_baseline(spec) else ([spec], [])
-            compare_with_table(self.cfg, self.setting, files, named, seed + 1, folder, self.table)
+            one = dataclasses.replace(self.cfg, retrain=dataclasses.replace(self.cfg.retrain, seed=self.cfg.retrain.seed + seed))
+            compare_with_table(one, self.setting, files, named, 1, folder, self.table)
             have = self.values(placements)
         return have[seed]
 

@@ -84,17 +84,20 @@ def table_values(path: Path = TABLE) -> dict[tuple[str, int, int, str], float]:
                 if r["setup"].startswith(SETUP)}
 
 
-def search_answer(cands: tuple[str, ...], seed: int, data, vocab: int, recipe: Recipe) -> autoln.SiteGenotype:
-    """The API search's answer at ``seed`` (kept in ``ANSWERS``; its wall time in provenance)."""
-    path = ANSWERS / f"race{len(cands)}_seed{seed}.json"
+def search_answer(cands: tuple[str, ...], seed: int, data, vocab: int, recipe: Recipe, qk: tuple[str, ...] = ("none",),
+                  lr: float | None = None, name: str | None = None) -> autoln.SiteGenotype:
+    """The API search's answer at ``seed`` (kept in ``ANSWERS`` as ``name``, by default
+    ``race<K>_seed<s>``; its wall time in provenance): the placements ``cands`` and the QK-norm
+    candidates ``qk`` searched, at the search's default learning rate or ``lr``."""
+    path = ANSWERS / f"{name or f'race{len(cands)}_seed{seed}'}.json"
     if path.exists():
         return autoln.SiteGenotype.load(path)
     half = len(data[0]) // 2
     torch.manual_seed(seed)
-    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=cands))
+    supernet = GPT(GPTConfig(**SIZE, vocab_size=vocab, norm_candidates=cands, qk_candidates=qk))
     outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
                             arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
-                            seed=seed, progress=False)
+                            cfg=None if lr is None else autoln.SearchConfig(lr=lr), seed=seed, progress=False)
     ANSWERS.mkdir(parents=True, exist_ok=True)
     outcome.genotype.save(path)
     return outcome.genotype

@@ -38,15 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
-from nanogpt_recipe import Recipe, batches, load_data  # noqa: E402
+from nanogpt_recipe import Recipe, load_data  # noqa: E402
 
 import autoln  # noqa: E402
 from autoln.api.racing import named_site_genotypes  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.race.rule import REVISION  # noqa: E402
-from experiments.race.own_model_race import ANSWERS, SETS, Trainer, as_genotype, rung_recipe  # noqa: E402
-from experiments.truth.own_model_truth import SIZE, TABLE, ensure_qk_column  # noqa: E402
-from gpt import GPT, GPTConfig  # noqa: E402
+from experiments.race.own_model_race import SETS, Trainer, as_genotype, rung_recipe, search_answer  # noqa: E402
+from experiments.truth.own_model_truth import TABLE, ensure_qk_column  # noqa: E402
 
 LRS = (1e-3, 3e-3, 1e-2)
 SEEDS = (0, 1, 2)
@@ -86,22 +85,7 @@ def race_lr(lr: float, seed: int, data, vocab: int) -> dict:
     """The search (seven placements, QK-norm searched) and race at learning rate ``lr``; the row of :data:`RACES`."""
     recipe, _ = rung_recipe(Recipe().steps, lr)
     tr = Trainer(CANDS, data, vocab, QK, lr)
-    path = ANSWERS / f"qk_lr{lr:g}_seed{seed}.json"
-    if path.exists():
-        searched = autoln.SiteGenotype.load(path)
-    else:
-        import torch
-
-        half = len(data[0]) // 2
-        torch.manual_seed(seed)
-        supernet = tr.build()
-        cfg = autoln.SearchConfig(lr=lr)
-        outcome = autoln.search(supernet, batches(data[0][:half], SIZE["block_size"], recipe.batch_size, 2 * seed + 1),
-                                arch_batches=batches(data[0][half:], SIZE["block_size"], recipe.batch_size, 2 * seed + 2),
-                                cfg=cfg, seed=seed, progress=False)
-        ANSWERS.mkdir(parents=True, exist_ok=True)
-        searched = outcome.genotype
-        searched.save(path)
+    searched = search_answer(CANDS, seed, data, vocab, recipe, QK, lr, name=f"qk_lr{lr:g}_seed{seed}")
 
     def train_fn(model, s, steps):
         model.autoln_value = tr.value(as_genotype(model, CANDS, QK), s, steps, f"qk-race:lr={lr:g}")
