@@ -88,3 +88,15 @@ def test_final_replay_trains_a_missing_fresh_seed_alone(tmp_path, monkeypatch):
     monkeypatch.setattr("experiments.common.retrain_table.compare_with_table", compare)
     assert rt.value("mix-ln", "pre pre", 6) == 1.5
     assert calls == [(rt.cfg.retrain.seed + 6, 1, ["mix-ln"], "seed6")]
+
+
+@pytest.mark.parametrize("text", ["pre pre pre deepnorm outnorm outnorm outnorm outnorm | qk qk-all qk-all qk-all",
+                                  "post post post post post post post post"])
+def test_qk_norm_reads_a_race_s_answer_back_to_the_genotype_it_trains(text):
+    """``qk_norm.py --fresh`` retrains a race's answer from its text: the text round-trips, and a
+    text without QK choices has none."""
+    m = experiment_script("truth/qk_norm")
+    g = m.with_qk(text, m.Trainer(m.CANDS, None, 65, m.QK, 1e-3))
+    assert g.describe() == text and len(g.qk) == 4 and (set(g.qk.values()) == {"none"}) == ("|" not in text)
+    with pytest.raises(ValueError, match="expected 4 QK choices, got 2"):
+        m.with_qk("pre pre pre pre pre pre pre pre | qk qk", m.Trainer(m.CANDS, None, 65, m.QK, 1e-3))

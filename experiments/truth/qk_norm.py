@@ -16,13 +16,15 @@ it removes the attention-logit growth that makes them diverge).
    QK-norm ``none, qk, qk-all`` (search seed 0, answers kept as
    ``experiments/own_model/qk_lr<lr>_seed<s>.json``), then ``autoln.race_genotypes`` with nanoGPT's
    loop at that learning rate; one row per race in ``experiments/qk_races.csv``.
+3. **The fresh seeds** (``--fresh``): each race whose answer is searched, the answer against the
+   named finalist it beat at seeds 6, 7, 8 (past every seed its final can use), printed.
 
 Every retrain is a row of ``experiments/own_model_truth.csv`` (column ``qk``; the genotype's text
 ends in `` | <QK choice per attention>`` with QK-norm somewhere; ``setup`` ends in ``lr=<lr>`` away
 from 1e-3), reused, never re-run: at 1e-3 without QK-norm the rows are the ground truth's own.
 A retrain that diverges (a non-finite validation loss) is a row with ``nan``, reported as such::
 
-    OMP_NUM_THREADS=1 python experiments/truth/qk_norm.py --data input.txt [--races] [--report]
+    OMP_NUM_THREADS=1 python experiments/truth/qk_norm.py --data input.txt [--races] [--fresh] [--report]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import statistics
 import sys
 import time
@@ -44,8 +47,9 @@ import autoln  # noqa: E402
 from autoln.api.racing import named_site_genotypes  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.race.rule import REVISION  # noqa: E402
-from experiments.race.own_model_race import SETS, Trainer, as_genotype, rung_recipe, search_answer  # noqa: E402
-from experiments.truth.own_model_truth import TABLE, ensure_qk_column  # noqa: E402
+from autoln.api.sites import model_qk_norms  # noqa: E402
+from experiments.race.own_model_race import FRESH, SETS, Trainer, as_genotype, rung_recipe, search_answer  # noqa: E402
+from experiments.truth.own_model_truth import TABLE, ensure_qk_column, site_genotype  # noqa: E402
 
 LRS = (1e-3, 3e-3, 1e-2)
 SEEDS = (0, 1, 2)
@@ -101,6 +105,35 @@ def race_lr(lr: float, seed: int, data, vocab: int) -> dict:
             "retrains": len(outcome.values), "commit": tr.commit}
 
 
+def with_qk(text: str, trainer: Trainer) -> autoln.SiteGenotype:
+    """A race's ``answer_genotype`` text (``pre ... | qk none ...``: a placement per site, then a
+    QK choice per attention) as the site genotype it trains."""
+    sites, _, qk = text.partition(" | ")
+    base = site_genotype(sites.split(), CANDS)
+    names = [n for n, _ in model_qk_norms(trainer.build())]
+    choices = qk.split() if qk else ["none"] * len(names)
+    if len(choices) != len(names):
+        raise ValueError(f"{text!r}: expected {len(names)} QK choices, got {len(choices)}")
+    return autoln.SiteGenotype(base.candidates, base.sites, base.probabilities, {}, dict(zip(names, choices)), list(QK),
+                               {n: [1.0 if c == x else 0.0 for c in QK] for n, x in zip(names, choices)})
+
+
+def fresh(row: dict, data, vocab: int) -> str:
+    """A race whose answer is searched, checked at the fresh seeds :data:`FRESH` (past every seed
+    its final can use): the answer against the named finalist it beat, both retrained (rows of
+    the table). Returns the comparison's line."""
+    from autoln.race.verdict import lead_line
+
+    lr = float(row["lr"])
+    tr = Trainer(CANDS, data, vocab, QK, lr)
+    named_name = re.search(r"\(beats (\S+) at", row["verdict"]).group(1)
+    named = named_site_genotypes(tr.build())[named_name]
+    answer = with_qk(row["answer_genotype"], tr)
+    a = [tr.value(answer, s, Recipe().steps, f"qk-fresh:lr={lr:g}:answer") for s in FRESH]
+    b = [tr.value(named, s, Recipe().steps, f"qk-fresh:lr={lr:g}:{named_name}") for s in FRESH]
+    return f"[fresh] lr {lr:g}, search seed {row['search_seed']}, fresh seeds {FRESH}: {lead_line(a, b, ('answer', named_name))}"
+
+
 def report(data_vocab) -> str:
     """The grid as a Markdown table: per genotype and learning rate the mean ± std over the seeds
     (nats/char), ``diverged`` where a seed's loss is not finite."""
@@ -134,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="tiny Shakespeare's input.txt (read as characters)")
     p.add_argument("--races", action="store_true", help="after the grid, one race per learning rate with QK-norm searched")
     p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true", help="after the races, each searched answer against the named "
+                   "finalist it beat at the fresh seeds 6-8")
     p.add_argument("--report", action="store_true", help="print the grid's table only")
     args = p.parse_args(argv)
     try:
@@ -151,6 +186,11 @@ def main(argv=None) -> int:
             for lr in LRS:
                 if (f"{lr:g}", args.search_seed, REVISION) not in done:
                     append_csv_row(RACES, RACE_FIELDS, race_lr(lr, args.search_seed, (train_data, val_data), vocab))
+        if args.fresh and RACES.exists():
+            with open(RACES, newline="", encoding="utf-8") as f:
+                for r in csv.DictReader(f):
+                    if r["outcome"] == "searched-wins" and r["rule"] == REVISION:
+                        print(fresh(r, (train_data, val_data), vocab), flush=True)
     print(report(vocab))
     return 0
 
