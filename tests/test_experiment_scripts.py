@@ -100,3 +100,18 @@ def test_qk_norm_reads_a_race_s_answer_back_to_the_genotype_it_trains(text):
     assert g.describe() == text and len(g.qk) == 4 and (set(g.qk.values()) == {"none"}) == ("|" not in text)
     with pytest.raises(ValueError, match="expected 4 QK choices, got 2"):
         m.with_qk("pre pre pre pre pre pre pre pre | qk qk", m.Trainer(m.CANDS, None, 65, m.QK, 1e-3))
+
+
+@pytest.mark.parametrize("multiplier, steps, tag", [(1, 500, "qk-fresh"), (4, 2000, "qk-lasts4")])
+def test_qk_norm_s_fresh_check_retrains_the_answer_and_the_finalist_it_beat(monkeypatch, multiplier, steps, tag):
+    """``--fresh`` / ``--lasts 4``: the race's answer and the named finalist its verdict names, at
+    seeds 6-8 and ``multiplier`` times the 500-step budget."""
+    m = experiment_script("truth/qk_norm")
+    calls = []
+    monkeypatch.setattr(m.Trainer, "value", lambda self, g, s, n, name: calls.append((g.describe(), s, n, name)) or 2.0 + s / 100)
+    row = {"lr": "0.003", "search_seed": "0", "answer_genotype": "post post post post post post post post | qk qk qk qk",
+           "verdict": "answer: top2 = ... (beats qwen3 at 500 steps, 4 seeds: ...)"}
+    line = m.fresh(row, None, 65, multiplier)
+    assert [c[1:3] for c in calls] == [(s, steps) for s in (6, 7, 8)] * 2
+    assert calls[0][0] == row["answer_genotype"] and calls[3][0] == "pre pre pre pre pre pre pre pre | qk qk qk qk"
+    assert calls[3][3] == f"{tag}:lr=0.003:qwen3" and line.startswith(f"[{tag}] lr 0.003, search seed 0, {steps} steps")

@@ -17,14 +17,15 @@ it removes the attention-logit growth that makes them diverge).
    ``experiments/own_model/qk_lr<lr>_seed<s>.json``), then ``autoln.race_genotypes`` with nanoGPT's
    loop at that learning rate; one row per race in ``experiments/qk_races.csv``.
 3. **The fresh seeds** (``--fresh``): each race whose answer is searched, the answer against the
-   named finalist it beat at seeds 6, 7, 8 (past every seed its final can use), printed.
+   named finalist it beat at seeds 6, 7, 8 (past every seed its final can use), printed; with
+   ``--lasts K`` also at K times the budget (does the lead last?).
 
 Every retrain is a row of ``experiments/own_model_truth.csv`` (column ``qk``; the genotype's text
 ends in `` | <QK choice per attention>`` with QK-norm somewhere; ``setup`` ends in ``lr=<lr>`` away
 from 1e-3), reused, never re-run: at 1e-3 without QK-norm the rows are the ground truth's own.
 A retrain that diverges (a non-finite validation loss) is a row with ``nan``, reported as such::
 
-    OMP_NUM_THREADS=1 python experiments/truth/qk_norm.py --data input.txt [--races] [--fresh] [--report]
+    OMP_NUM_THREADS=1 python experiments/truth/qk_norm.py --data input.txt [--races] [--fresh] [--lasts 4] [--report]
 """
 
 from __future__ import annotations
@@ -118,20 +119,23 @@ def with_qk(text: str, trainer: Trainer) -> autoln.SiteGenotype:
                                {n: [1.0 if c == x else 0.0 for c in QK] for n, x in zip(names, choices)})
 
 
-def fresh(row: dict, data, vocab: int) -> str:
+def fresh(row: dict, data, vocab: int, multiplier: int = 1) -> str:
     """A race whose answer is searched, checked at the fresh seeds :data:`FRESH` (past every seed
-    its final can use): the answer against the named finalist it beat, both retrained (rows of
-    the table). Returns the comparison's line."""
+    its final can use): the answer against the named finalist it beat, both retrained at
+    ``multiplier`` times the budget (``truth_longer.py``'s longer recipe: warm-up 100 steps, the
+    cosine stretched), rows of the table. Returns the comparison's line."""
     from autoln.race.verdict import lead_line
 
-    lr = float(row["lr"])
+    lr, steps = float(row["lr"]), Recipe().steps * multiplier
     tr = Trainer(CANDS, data, vocab, QK, lr)
     named_name = re.search(r"\(beats (\S+) at", row["verdict"]).group(1)
     named = named_site_genotypes(tr.build())[named_name]
     answer = with_qk(row["answer_genotype"], tr)
-    a = [tr.value(answer, s, Recipe().steps, f"qk-fresh:lr={lr:g}:answer") for s in FRESH]
-    b = [tr.value(named, s, Recipe().steps, f"qk-fresh:lr={lr:g}:{named_name}") for s in FRESH]
-    return f"[fresh] lr {lr:g}, search seed {row['search_seed']}, fresh seeds {FRESH}: {lead_line(a, b, ('answer', named_name))}"
+    tag = "qk-fresh" if multiplier == 1 else f"qk-lasts{multiplier}"
+    a = [tr.value(answer, s, steps, f"{tag}:lr={lr:g}:answer") for s in FRESH]
+    b = [tr.value(named, s, steps, f"{tag}:lr={lr:g}:{named_name}") for s in FRESH]
+    return (f"[{tag}] lr {lr:g}, search seed {row['search_seed']}, {steps} steps, fresh seeds {FRESH}: "
+            f"{lead_line(a, b, ('answer', named_name))}")
 
 
 def report(data_vocab) -> str:
@@ -169,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--search-seed", type=int, default=0)
     p.add_argument("--fresh", action="store_true", help="after the races, each searched answer against the named "
                    "finalist it beat at the fresh seeds 6-8")
+    p.add_argument("--lasts", type=int, default=0, metavar="K",
+                   help="then each searched answer against the named finalist it beat at K times the budget, fresh seeds 6-8")
     p.add_argument("--report", action="store_true", help="print the grid's table only")
     args = p.parse_args(argv)
     try:
@@ -186,11 +192,12 @@ def main(argv=None) -> int:
             for lr in LRS:
                 if (f"{lr:g}", args.search_seed, REVISION) not in done:
                     append_csv_row(RACES, RACE_FIELDS, race_lr(lr, args.search_seed, (train_data, val_data), vocab))
-        if args.fresh and RACES.exists():
+        if (args.fresh or args.lasts > 1) and RACES.exists():
             with open(RACES, newline="", encoding="utf-8") as f:
-                for r in csv.DictReader(f):
-                    if r["outcome"] == "searched-wins" and r["rule"] == REVISION:
-                        print(fresh(r, (train_data, val_data), vocab), flush=True)
+                wins = [r for r in csv.DictReader(f) if r["outcome"] == "searched-wins" and r["rule"] == REVISION]
+            for multiplier in [1] * args.fresh + [args.lasts] * (args.lasts > 1):
+                for r in wins:
+                    print(fresh(r, (train_data, val_data), vocab, multiplier), flush=True)
     print(report(vocab))
     return 0
 
