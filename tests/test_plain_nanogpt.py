@@ -17,6 +17,11 @@ from .test_nanogpt_diff import EXAMPLE, load
 VOCAB = 65
 
 
+def _qk_name(key: str) -> str:
+    """The script's hand-written QK-norm key under ``autoln.QKNorm``'s name (other keys unchanged)."""
+    return key.replace("attn.q_ln.", "attn.qk_norm.q_norms.qk.").replace("attn.k_ln.", "attn.qk_norm.k_norms.qk.")
+
+
 @pytest.fixture(scope="module")
 def plain():
     return experiment_script("truth/plain_nanogpt")
@@ -30,13 +35,11 @@ def test_the_textbook_placement_equals_autoln_s_derived_model(plain, placement, 
     with contextlib.redirect_stdout(io.StringIO()):
         derived = gpt.GPT(gpt.GPTConfig(**plain.SIZE, vocab_size=VOCAB, norm_candidates=(placement,),
                                         qk_candidates=("qk" if qk else "none",)))
-    sd = {k.replace("attn.q_ln.", "attn.qk_norm.q_norms.qk.").replace("attn.k_ln.", "attn.qk_norm.k_norms.qk."): v
-          for k, v in mine.state_dict().items()}  # the hand-written QK-norms' gains, under autoln.QKNorm's names
+    sd = {_qk_name(k): v for k, v in mine.state_dict().items()}  # the hand-written QK-norms' gains, under autoln.QKNorm's names
     for k in sd:
         if "qk_norm" in k:
             sd[k] = sd[k] + 0.1 * torch.randn_like(sd[k])  # away from one, so a gain left out shows
-    mine.load_state_dict({k: sd[k.replace("attn.q_ln.", "attn.qk_norm.q_norms.qk.").replace("attn.k_ln.", "attn.qk_norm.k_norms.qk.")]
-                          for k in mine.state_dict()})
+    mine.load_state_dict({k: sd[_qk_name(k)] for k in mine.state_dict()})
     state = autoln.map_state_dict(sd, derived, {"ln_1": "attn_site", "ln_2": "mlp_site"}, placement=placement)
     derived.load_state_dict(state)
     x = torch.randint(0, VOCAB, (2, plain.SIZE["block_size"]))
