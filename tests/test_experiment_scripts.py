@@ -90,21 +90,26 @@ def test_final_replay_trains_a_missing_fresh_seed_alone(tmp_path, monkeypatch):
     assert calls == [(rt.cfg.retrain.seed + 6, 1, ["mix-ln"], "seed6")]
 
 
-def test_final_replay_gives_the_race_s_horizon_line_on_a_replayed_final():
-    """``final_replay.py --lasts 4``'s verdict with ``race.horizons=[1, 4]`` on ``shallow7-seed0``
-    (its row of ``final_replays.csv``; the 4000-step values at seeds 0-2 of ``retrains.csv``): the
-    race's own line, the gap 0.0042 within mix-ln's standard deviation 0.0047, by hand."""
-    m = experiment_script("race/final_replay")
-    row = {"searched": "post pre post deepnorm peri peri", "named": "mix-ln", "searched_values": "2.3525 / 2.3497 / 2.3352",
-           "named_values": "2.4405 / 2.4476 / 2.4496"}
+def test_the_race_s_horizon_line_on_a_replayed_final():
+    """``--lasts 4``'s verdict with ``race.horizons=[1, 4]`` (``experiments/common/lasts.py``) on
+    ``shallow7-seed0``'s final (``final_replays.csv``) and its 4000-step values at seeds 0-2
+    (``retrains.csv``): the race's own line, the gap 0.0042 within mix-ln's standard deviation
+    0.0047 (by hand), so the lead does not last; then a lead that does, and the agreement words."""
+    from experiments.common.lasts import agreement, horizon_verdict
+
+    at_1 = {"searched": [2.3525, 2.3497, 2.3352], "mix-ln": [2.4405, 2.4476, 2.4496]}
     at_4 = {"searched": [1.87115, 1.87486, 1.87982], "mix-ln": [1.86818, 1.86869, 1.87653]}
-    v = m.horizon_verdict(row, "post post pre pre pre pre", at_4, 4, 1000)
+    v = horizon_verdict("post pre post deepnorm peri peri", ("mix-ln", "post post pre pre pre pre"), at_1, at_4, 4, 1000, "bits/byte")
     assert v.answer.name == "searched" and v.horizons[-1]["lead"] == "level"
     assert v.line.endswith("at 4000 steps level, within one standard deviation (searched 1.8753 ± 0.0043, mix-ln 1.8711 ± 0.0047 "
                            "bits/byte): the lead at 1000 steps does not last)")
+    assert agreement(v, [1.85, 1.86, 1.87], [1.851, 1.861, 1.871]) == "its horizon line (level) agrees with the fresh seeds (level)"
+    assert agreement(v, [1.80, 1.81, 1.80], [1.85, 1.86, 1.85]).startswith("its horizon line (level) does NOT agree")
     at_4["mix-ln"] = [x + 0.01 for x in at_4["mix-ln"]]  # mix-ln 0.0058 behind: more than either standard deviation
-    assert m.horizon_verdict(row, "post post pre pre pre pre", at_4, 4, 1000).line.endswith(
-        "at 4000 steps still ahead (searched 1.8753 ± 0.0043, mix-ln 1.8811 ± 0.0047 bits/byte))")
+    assert horizon_verdict("post pre post deepnorm peri peri", ("mix-ln", "post post pre pre pre pre"), at_1, at_4, 4, 1000,
+                           "bits/byte").line.endswith("at 4000 steps still ahead (searched 1.8753 ± 0.0043, mix-ln 1.8811 ± 0.0047 bits/byte))")
+    at_1["searched"] = [2.4505, 2.4476, 2.4496]  # behind at seed 0: no horizon is trained, and the check says so
+    assert agreement(horizon_verdict("x", ("mix-ln", "y"), at_1, at_4, 4, 1000, ""), [1.0], [1.0]).startswith("the verdict has no horizon line")
 
 
 @pytest.mark.parametrize("text", ["pre pre pre deepnorm outnorm outnorm outnorm outnorm | qk qk-all qk-all qk-all",

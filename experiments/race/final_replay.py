@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.race.rule import REVISION, RaceRule  # noqa: E402
-from autoln.race.verdict import lead, lead_line, paired_p  # noqa: E402
+from autoln.race.verdict import lead_line, paired_p  # noqa: E402
 from autoln.race.sequential import decide  # noqa: E402
 
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
@@ -146,7 +146,7 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     """Does the lead last? For a final of ``final_replays.csv`` (rule r3) whose searched
     finalist won: both finalists at ``multiplier`` times the budget at its fresh seeds (rows of
     the retrain table), then the race's own verdict with ``race.horizons=[1, multiplier]``
-    (:func:`horizon_verdict`) at seeds 0-2. Returns those lines, or None (no such final)."""
+    (``experiments/common/lasts.py``) at seeds 0-2. Returns those lines, or None (no such final)."""
     if not OUT_TABLE.exists():
         return None
     with open(OUT_TABLE, newline="", encoding="utf-8") as f:
@@ -154,6 +154,7 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     if row is None:
         return None
     from autoln.models.genotype import baseline
+    from experiments.common.lasts import agreement, horizon_verdict
 
     setting, k, _, searched, named = FINALS[name]
     rt = Retrains(setting, k, args.data, args.table, Path(args.out), multiplier)
@@ -162,33 +163,12 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     a = [rt.value(spec, searched, i) for i in fresh]
     b = [rt.value(named, named_placements, i) for i in fresh]
     line = f"[lasts] {name} at {rt.cfg.retrain.steps} steps, fresh seeds {row['fresh_seeds']}: {lead_line(a, b, ('searched', named))}"
-    rule = RaceRule(horizons=(1, multiplier))
-    race_seeds = range(rule.final_seeds)  # the seeds race.horizons trains the finalists at (rule.horizon_jobs)
+    race_seeds = range(RaceRule().final_seeds)  # the seeds race.horizons trains the finalists at (rule.horizon_jobs)
     at_k = {"searched": [rt.value(spec, searched, i) for i in race_seeds], named: [rt.value(named, named_placements, i) for i in race_seeds]}
-    said = horizon_verdict(row, named_placements, at_k, multiplier, rt.cfg.retrain.steps // multiplier)
-    agrees = "agrees" if said.horizons[-1]["lead"] == lead(a, b) else "does NOT agree"
+    at_1 = {"searched": row["searched_values"].split(" / "), named: row["named_values"].split(" / ")}
+    said = horizon_verdict(searched, (named, named_placements), at_1, at_k, multiplier, rt.cfg.retrain.steps // multiplier, "bits/byte")
     return f"{line}\n[lasts] {name}: the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n" \
-           f"[lasts] {name}: its horizon line ({said.horizons[-1]['lead']}) {agrees} with the fresh seeds ({lead(a, b)})"
-
-
-def horizon_verdict(row: dict, named_placements: str, at_k: dict[str, list[float]], multiplier: int, full_steps: int):
-    """The verdict the race would give on this final with ``race.horizons=[1, multiplier]``
-    (:func:`autoln.race.verdict.verdict`, the race's own code): its finalists ``searched`` and
-    ``row["named"]`` at ``full_steps`` (``row``'s seeds, a row of ``final_replays.csv``) and
-    ``at_k`` (entry name -> values at ``multiplier * full_steps``, seeds ``0..final_seeds-1``).
-
-    Raises:
-        KeyError: ``at_k`` lacks a seed the horizon needs."""
-    from autoln.race.rule import Entry
-    from autoln.race.verdict import verdict
-
-    rule = RaceRule(horizons=(1, multiplier))
-    finalists = [Entry("searched", row["searched"], "searched"), Entry(row["named"], named_placements, "named")]
-    values = {}
-    for e, col in zip(finalists, ("searched_values", "named_values")):
-        values.update({(e.name, full_steps, i): float(v) for i, v in enumerate(row[col].split(" / "))})
-        values.update({(e.name, multiplier * full_steps, i): v for i, v in enumerate(at_k[e.name])})
-    return verdict(finalists, values, full_steps, rule, "bits/byte")
+           f"[lasts] {name}: {agreement(said, a, b)}"
 
 
 def main(argv=None) -> int:

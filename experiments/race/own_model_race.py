@@ -24,7 +24,9 @@ so a race is never paid for twice and can be replayed from the table. One row pe
     OMP_NUM_THREADS=1 python experiments/race/own_model_race.py --data input.txt --candidates 3,7 --search-seeds 0
 
 ``--lasts 4`` then retrains each searched answer and its best named placement at 4 times the
-budget at the fresh seeds (rows of the same table) and says whether the lead lasts.
+budget at the fresh seeds (rows of the same table) and says whether the lead lasts, then gives
+the verdict the race itself would with ``race.horizons=[1, 4]`` (seeds 0-2 at the longer budget)
+and whether its horizon line agrees with the fresh seeds.
 """
 
 from __future__ import annotations
@@ -194,8 +196,12 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     """Does the lead last? For the rule-r3 race of ``(k, seed)`` in ``RACES`` whose answer is
     searched: the answer and the best named placement retrained at ``multiplier`` times the
     budget (``truth_longer.py``'s recipe: warm-up 100, the cosine stretched) at the fresh seeds
-    :data:`FRESH`, rows of the table. Returns the comparison's line, or None (no such race)."""
+    :data:`FRESH`, rows of the table; then the race's own verdict with ``race.horizons=[1,
+    multiplier]`` on the final's seeds and seeds 0-2 at the longer budget
+    (``experiments/common/lasts.py``). Returns those lines, or None (no such race)."""
+    from autoln.race.sequential import decide
     from autoln.race.verdict import lead_line
+    from experiments.common.lasts import agreement, horizon_verdict
     from experiments.truth.own_model_truth import site_genotype
 
     with open(RACES, newline="", encoding="utf-8") as f:
@@ -209,7 +215,18 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     named = named_site_genotypes(tr.build())[row["best_named"]]
     a = [tr.value(answer, s, steps, f"lasts{k}:answer") for s in FRESH]
     b = [tr.value(named, s, steps, f"lasts{k}:best_named") for s in FRESH]
-    return f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', row['best_named']))}"
+    line = f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', row['best_named']))}"
+    rule, best = RaceRule(), row["best_named"]
+    at_1, state = {"searched": [], best: []}, "go on"
+    while state == "go on":  # the final's seeds again, as it ran them (rows of the table)
+        i = len(at_1["searched"])
+        at_1["searched"].append(tr.value(answer, i, Recipe().steps, f"race{k}"))
+        at_1[best].append(tr.value(named, i, Recipe().steps, f"race{k}"))
+        state = decide([x - y for x, y in zip(at_1["searched"], at_1[best])], rule.design)
+    at_k = {"searched": [tr.value(answer, i, steps, f"lasts{k}:answer") for i in range(rule.final_seeds)],
+            best: [tr.value(named, i, steps, f"lasts{k}:best_named") for i in range(rule.final_seeds)]}
+    said = horizon_verdict(answer.describe(), (best, named.describe()), at_1, at_k, multiplier, Recipe().steps, "nats/char")
+    return f"{line}\n[lasts] the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n[lasts] {agreement(said, a, b)}"
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,46 @@
+"""Does a replayed final's lead last? The verdict the race itself gives with
+``race.horizons=[1, k]`` (:func:`autoln.race.verdict.verdict`, the race's own code) on a final's
+measured values, and whether its horizon line agrees with the same two finalists at fresh seeds:
+the check docs/results.md reports for each race whose answer is searched.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def horizon_verdict(searched: str, named: tuple[str, str], at_1: dict[str, list[float]], at_k: dict[str, list[float]],
+                    multiplier: int, full_steps: int, unit: str):
+    """The race's :class:`autoln.race.verdict.Verdict` with ``race.horizons=[1, multiplier]`` on
+    a final between the searched finalist ``searched`` (placements; entry name ``searched``) and the
+    named one ``named`` (``(name, placements)``). ``at_1``: entry name -> the final's values at
+    ``full_steps`` steps, seed by seed (the seeds it ran, or more: the final's own stop rule picks
+    how many count); ``at_k``: entry name -> values at ``multiplier * full_steps`` steps, seeds
+    ``0..final_seeds-1`` (:func:`autoln.race.rule.horizon_jobs`). ``unit`` names the values in the
+    line (e.g. ``bits/byte``). Lower values are better.
+
+    Raises:
+        KeyError: a seed the final or the horizon needs is missing."""
+    from autoln.race.rule import Entry, RaceRule
+    from autoln.race.verdict import verdict
+
+    finalists = [Entry("searched", searched, "searched"), Entry(named[0], named[1], "named")]
+    values = {}
+    for e in finalists:
+        values.update({(e.name, full_steps, i): float(v) for i, v in enumerate(at_1[e.name])})
+        values.update({(e.name, multiplier * full_steps, i): float(v) for i, v in enumerate(at_k[e.name])})
+    return verdict(finalists, values, full_steps, RaceRule(horizons=(1, multiplier)), unit)
+
+
+def agreement(v, fresh_searched: Sequence[float], fresh_named: Sequence[float]) -> str:
+    """``its horizon line (<lead>) agrees | does NOT agree with the fresh seeds (<lead>)``: the
+    verdict ``v``'s lead at its longest horizon (:func:`horizon_verdict`) against the lead of the
+    same finalists at fresh seeds at that budget (:func:`autoln.race.verdict.lead`); a verdict
+    without a horizon (the searched finalist not ahead at the full budget) says so."""
+    from autoln.race.verdict import lead
+
+    fresh = lead(fresh_searched, fresh_named)
+    if not v.horizons:
+        return f"the verdict has no horizon line (the searched finalist did not lead); the fresh seeds: {fresh}"
+    said = v.horizons[-1]["lead"]
+    return f"its horizon line ({said}) {'agrees' if said == fresh else 'does NOT agree'} with the fresh seeds ({fresh})"
