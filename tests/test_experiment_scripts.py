@@ -12,7 +12,7 @@ from tests.conftest import experiment_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(f"{p.parent.name}/{p.stem}" for p in (ROOT / "experiments").glob("*/*.py") if p.stem != "__init__")
-LIBRARIES = {"common/retrain_table", "common/halving"}  # modules the scripts share; retrain_table has subcommands
+LIBRARIES = {"common/retrain_table", "common/halving", "common/lasts"}  # modules the scripts share; retrain_table has subcommands
 
 
 def test_every_script_is_listed():
