@@ -17,7 +17,9 @@ def horizon_verdict(searched: str, named: tuple[str, str], at_1: dict[str, list[
     ``full_steps`` steps, seed by seed (the seeds it ran, or more: the final's own stop rule picks
     how many count); ``at_k``: entry name -> values at ``multiplier * full_steps`` steps, seeds
     ``0..final_seeds-1`` (:func:`autoln.race.rule.horizon_jobs`). ``unit`` names the values in the
-    line (e.g. ``bits/byte``). Lower values are better.
+    line (e.g. ``bits/byte``). Lower values are better. The final is the group-sequential one-sided
+    paired t-test with Lan-DeMets O'Brien-Fleming spending (docs/race.md, *The final*); the horizon's
+    lead is :func:`autoln.race.verdict.lead` (a gap beyond the larger standard deviation over seeds).
 
     Raises:
         KeyError: a seed the final or the horizon needs is missing."""
