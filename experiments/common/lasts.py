@@ -6,7 +6,33 @@ the check docs/results.md reports for each race whose answer is searched.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
+
+
+def final_seeds(searched: Callable[[int], float], named: Callable[[int], float], design,
+                on_seed: Optional[Callable[[int, float, float, str], None]] = None) -> tuple[list[float], list[float], str]:
+    """A final run again seed by seed, as the race runs it: ``searched(i)`` and ``named(i)`` give
+    the two finalists' values at seed index ``i`` (lower is better; e.g. rows of a retrain table),
+    until :func:`autoln.race.sequential.decide` on the paired differences (searched - named) stops
+    (the group-sequential one-sided paired t-test of ``design``, docs/race.md, *The final*).
+    ``on_seed(i, searched_value, named_value, state)`` is called after each seed. Returns both
+    value lists (one per seed, as long as the final ran) and the last state (``win`` or ``lose``).
+
+    Raises:
+        whatever ``searched`` or ``named`` raise (e.g. KeyError for a row a table lacks)."""
+    from autoln.race.sequential import decide
+
+    mine: list[float] = []
+    theirs: list[float] = []
+    state = "go on"
+    while state == "go on":
+        i = len(mine)
+        theirs.append(float(named(i)))
+        mine.append(float(searched(i)))
+        state = decide([a - b for a, b in zip(mine, theirs)], design)
+        if on_seed is not None:
+            on_seed(i, mine[-1], theirs[-1], state)
+    return mine, theirs, state
 
 
 def horizon_verdict(searched: str, named: tuple[str, str], at_1: dict[str, list[float]], at_k: dict[str, list[float]],

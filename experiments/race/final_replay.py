@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from autoln.core.io import append_csv_row  # noqa: E402
 from autoln.race.rule import REVISION, RaceRule  # noqa: E402
 from autoln.race.verdict import lead_line, paired_p  # noqa: E402
-from autoln.race.sequential import decide  # noqa: E402
+from experiments.common.lasts import final_seeds  # noqa: E402
 
 SEVEN = "model.candidates=[pre, post, deepnorm, peri, outnorm, lns, none]"
 OUT_TABLE = Path(__file__).resolve().parents[1] / "final_replays.csv"
@@ -122,13 +122,12 @@ def replay(name: str, args) -> dict:
     named_placements = baseline(named, rt.cfg.model, rt.vocab).describe()
     spec = rt.genotype_file(searched)
     rule = RaceRule()
-    mine, theirs, state = [], [], "go on"
-    while state == "go on":
-        i = len(mine)
-        theirs.append(rt.value(named, named_placements, i))
-        mine.append(rt.value(spec, searched, i))
-        state = decide([a - b for a, b in zip(mine, theirs)], rule.design)
-        print(f"[final] {name} seed {i}: {searched} {mine[-1]:.4f}, {named} {theirs[-1]:.4f}: {state}", file=sys.stderr, flush=True)
+
+    def said(i, a, b, state):
+        print(f"[final] {name} seed {i}: {searched} {a:.4f}, {named} {b:.4f}: {state}", file=sys.stderr, flush=True)
+
+    mine, theirs, state = final_seeds(lambda i: rt.value(spec, searched, i), lambda i: rt.value(named, named_placements, i),
+                                      rule.design, said)
     fresh = list(range(rule.max_seeds, rule.max_seeds + 3))
     fresh_mine = [rt.value(spec, searched, i) for i in fresh]
     fresh_theirs = [rt.value(named, named_placements, i) for i in fresh]

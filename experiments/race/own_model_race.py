@@ -199,9 +199,8 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     :data:`FRESH`, rows of the table; then the race's own verdict with ``race.horizons=[1,
     multiplier]`` on the final's seeds and seeds 0-2 at the longer budget
     (``experiments/common/lasts.py``). Returns those lines, or None (no such race)."""
-    from autoln.race.sequential import decide
     from autoln.race.verdict import lead_line
-    from experiments.common.lasts import agreement, horizon_verdict
+    from experiments.common.lasts import agreement, final_seeds, horizon_verdict
     from experiments.truth.own_model_truth import site_genotype
 
     with open(RACES, newline="", encoding="utf-8") as f:
@@ -217,12 +216,9 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     b = [tr.value(named, s, steps, f"lasts{k}:best_named") for s in FRESH]
     line = f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', row['best_named']))}"
     rule, best = RaceRule(), row["best_named"]
-    at_1, state = {"searched": [], best: []}, "go on"
-    while state == "go on":  # the final's seeds again, as it ran them (rows of the table)
-        i = len(at_1["searched"])
-        at_1["searched"].append(tr.value(answer, i, Recipe().steps, f"race{k}"))
-        at_1[best].append(tr.value(named, i, Recipe().steps, f"race{k}"))
-        state = decide([x - y for x, y in zip(at_1["searched"], at_1[best])], rule.design)
+    mine, theirs, _ = final_seeds(lambda i: tr.value(answer, i, Recipe().steps, f"race{k}"),  # the final again (rows of the table)
+                                  lambda i: tr.value(named, i, Recipe().steps, f"race{k}"), rule.design)
+    at_1 = {"searched": mine, best: theirs}
     at_k = {"searched": [tr.value(answer, i, steps, f"lasts{k}:answer") for i in range(rule.final_seeds)],
             best: [tr.value(named, i, steps, f"lasts{k}:best_named") for i in range(rule.final_seeds)]}
     said = horizon_verdict(answer.describe(), (best, named.describe()), at_1, at_k, multiplier, Recipe().steps, "nats/char")
