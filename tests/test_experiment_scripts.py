@@ -163,10 +163,21 @@ def test_qk_norm_s_fresh_check_retrains_the_answer_and_the_finalist_it_beat(monk
     seeds 6-8 and ``multiplier`` times the 500-step budget."""
     m = experiment_script("truth/qk_norm")
     calls = []
-    monkeypatch.setattr(m.Trainer, "value", lambda self, g, s, n, name: calls.append((g.describe(), s, n, name)) or 2.0 + s / 100)
-    row = {"lr": "0.003", "search_seed": "0", "answer_genotype": "post post post post post post post post | qk qk qk qk",
+    answer = "post post post post post post post post | qk qk qk qk"  # 0.05 ahead of every named one at every seed and budget
+    monkeypatch.setattr(m.Trainer, "value", lambda self, g, s, n, name: calls.append((g.describe(), s, n, name))
+                        or 2.0 + s / 100 - 0.05 * (g.describe() == answer))
+    row = {"lr": "0.003", "search_seed": "0", "answer_genotype": answer,
            "verdict": "answer: top2 = ... (beats qwen3 at 500 steps, 4 seeds: ...)"}
     line = m.fresh(row, None, 65, multiplier)
-    assert [c[1:3] for c in calls] == [(s, steps) for s in (6, 7, 8)] * 2
+    assert [c[1:3] for c in calls[:6]] == [(s, steps) for s in (6, 7, 8)] * 2
+    if multiplier > 1:  # the final again at 500 steps, seed by seed (the differences all -0.05: a win at the first look, 3
+        # seeds), then both finalists at seeds 0-2 at 2000 steps, and the race's horizon line
+        assert [c[1:3] for c in calls[6:]] == [(s, 500) for s in (0, 0, 1, 1, 2, 2)] + [(s, 2000) for s in (0, 1, 2)] * 2
+        said = line.splitlines()[1]
+        assert said.startswith(f"[qk-lasts4] lr 0.003: the race's verdict with race.horizons=[1, 4]: answer: searched = {answer}")
+        assert said.endswith("at 2000 steps still ahead (searched 1.9600 ± 0.0100, qwen3 2.0100 ± 0.0100 nats/char))")
+        assert line.splitlines()[2] == "[qk-lasts4] lr 0.003: its horizon line (ahead) agrees with the fresh seeds (ahead)"
+    else:
+        assert len(calls) == 6
     assert calls[0][0] == row["answer_genotype"] and calls[3][0] == "pre pre pre pre pre pre pre pre | qk qk qk qk"
     assert calls[3][3] == f"{tag}:lr=0.003:qwen3" and line.startswith(f"[{tag}] lr 0.003, search seed 0, {steps} steps")

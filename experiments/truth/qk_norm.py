@@ -47,7 +47,7 @@ from nanogpt_recipe import Recipe, load_data  # noqa: E402
 import autoln  # noqa: E402
 from autoln.api.racing import named_site_genotypes  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
-from autoln.race.rule import REVISION  # noqa: E402
+from autoln.race.rule import REVISION, RaceRule  # noqa: E402
 from autoln.api.sites import model_qk_norms  # noqa: E402
 from experiments.race.own_model_race import FRESH, SETS, Trainer, as_genotype, rung_recipe, search_answer  # noqa: E402
 from experiments.truth.own_model_truth import TABLE, ensure_qk_column, site_genotype  # noqa: E402
@@ -123,8 +123,12 @@ def fresh(row: dict, data, vocab: int, multiplier: int = 1) -> str:
     """A race whose answer is searched, checked at the fresh seeds :data:`FRESH` (past every seed
     its final can use): the answer against the named finalist it beat, both retrained at
     ``multiplier`` times the budget (``truth_longer.py``'s longer recipe: warm-up 100 steps, the
-    cosine stretched), rows of the table. Returns the comparison's line."""
+    cosine stretched), rows of the table. For ``multiplier`` > 1 also the race's own verdict with
+    ``race.horizons=[1, multiplier]`` on the final's seeds (rows at the budget, the final run
+    again seed by seed) and seeds 0-2 at the longer budget, and whether its horizon line agrees
+    with the fresh seeds (``experiments/common/lasts.py``). Returns those lines."""
     from autoln.race.verdict import lead_line
+    from experiments.common.lasts import agreement, final_seeds, horizon_verdict
 
     lr, steps = float(row["lr"]), Recipe().steps * multiplier
     tr = Trainer(CANDS, data, vocab, QK, lr)
@@ -134,8 +138,18 @@ def fresh(row: dict, data, vocab: int, multiplier: int = 1) -> str:
     tag = "qk-fresh" if multiplier == 1 else f"qk-lasts{multiplier}"
     a = [tr.value(answer, s, steps, f"{tag}:lr={lr:g}:answer") for s in FRESH]
     b = [tr.value(named, s, steps, f"{tag}:lr={lr:g}:{named_name}") for s in FRESH]
-    return (f"[{tag}] lr {lr:g}, search seed {row['search_seed']}, {steps} steps, fresh seeds {FRESH}: "
-            f"{lead_line(a, b, ('answer', named_name))}")
+    line = f"[{tag}] lr {lr:g}, search seed {row['search_seed']}, {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', named_name))}"
+    if multiplier == 1:
+        return line
+    full = Recipe().steps
+    mine, theirs, _ = final_seeds(lambda i: tr.value(answer, i, full, f"qk-race:lr={lr:g}"),  # the final again (rows of the table)
+                                  lambda i: tr.value(named, i, full, f"qk-race:lr={lr:g}"), RaceRule().design)
+    at_k = {"searched": [tr.value(answer, i, steps, f"{tag}:lr={lr:g}:answer") for i in range(RaceRule().final_seeds)],
+            named_name: [tr.value(named, i, steps, f"{tag}:lr={lr:g}:{named_name}") for i in range(RaceRule().final_seeds)]}
+    said = horizon_verdict(answer.describe(), (named_name, named.describe()), {"searched": mine, named_name: theirs}, at_k,
+                           multiplier, full, "nats/char")
+    return f"{line}\n[{tag}] lr {lr:g}: the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n" \
+           f"[{tag}] lr {lr:g}: {agreement(said, a, b)}"
 
 
 def report(data_vocab) -> str:
