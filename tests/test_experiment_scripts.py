@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import experiment_script
+from tests.conftest import experiment_script, shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(f"{p.parent.name}/{p.stem}" for p in (ROOT / "experiments").glob("*/*.py") if p.stem != "__init__")
@@ -143,6 +143,29 @@ def test_a_final_replayed_seed_by_seed_stops_where_the_table_s_final_stopped():
         assert (a, b) == (mine, theirs), r["final"]
         assert state == ("win" if r["outcome"] == "searched-wins" else "lose"), r["final"]
         assert [x[0] for x in seen] == list(range(n)) and seen[-1][3] == state
+
+
+def test_final_replay_s_horizon_line_reads_the_final_at_full_precision(tmp_path, monkeypatch):
+    """``final_replay.py --lasts 4`` on ``shallow3-seed0``, from the tables alone (training
+    anything fails the test): its final's seed 0 is 2.44046 against ``mix-ln``'s 2.44053, a lead
+    of 0.00007 that ``final_replays.csv``'s 4 digits round away (read from there, the final would
+    stop at seed 0 with no horizon line); at full precision it wins at 5 seeds and its horizon line
+    (seeds 0-2 at 4000 steps: 1.8835, 1.8763, 1.8876 against 1.8682, 1.8687, 1.8765) is behind, as
+    the fresh seeds are."""
+    import argparse
+    import shutil
+
+    m = experiment_script("race/final_replay")
+    data = shared_path("wikitext-2")
+    table = tmp_path / "table.csv"
+    shutil.copy(ROOT / "experiments" / "retrains.csv", table)
+    monkeypatch.setattr("experiments.common.retrain_table.compare_with_table", lambda *a, **k: pytest.fail("trained a retrain"))
+    lines = m.lasts("shallow3-seed0", 4, argparse.Namespace(data=str(data), table=table, out=str(tmp_path / "out"))).splitlines()
+    assert lines[0] == "[lasts] shallow3-seed0 at 4000 steps, fresh seeds 6 7 8: searched 1.8783 ± 0.0037, mix-ln 1.8679 ± 0.0041: behind (+0.0103)"
+    assert "(beats mix-ln at 1000 steps, 5 seeds: searched 2.4321 ± 0.0109, mix-ln 2.4422 ± 0.0064 bits/byte;" in lines[1]
+    assert lines[1].endswith("at 4000 steps behind (searched 1.8825 ± 0.0057, mix-ln 1.8711 ± 0.0047 bits/byte): the lead at 1000 "
+                             "steps does not last)")
+    assert lines[2] == "[lasts] shallow3-seed0: its horizon line (behind) agrees with the fresh seeds (behind)"
 
 
 @pytest.mark.parametrize("text", ["pre pre pre deepnorm outnorm outnorm outnorm outnorm | qk qk-all qk-all qk-all",
