@@ -168,6 +168,23 @@ def test_final_replay_s_horizon_line_reads_the_final_at_full_precision(tmp_path,
     assert lines[2] == "[lasts] shallow3-seed0: its horizon line (behind) agrees with the fresh seeds (behind)"
 
 
+def test_proposer_replay_reads_today_s_shallow_answer_at_the_proposers_fresh_seeds():
+    """The fixed shortlist's answer at ``shallow``-7, the yardstick of the adoption rule: a final of
+    ``final_replays.csv`` (search seeds 0 and 2: its searched winner's fresh seeds 6-8), else the
+    race of ``races.csv`` (search seed 1: ``mix-ln``, read at the seeds 6-8 the proposers' answers
+    are read at, not at ``races.csv``'s 3-5)."""
+    from types import SimpleNamespace
+
+    m = experiment_script("race/proposer_replay")
+    calls = []
+    stub = SimpleNamespace(full=1000, named=lambda: {"mix-ln": "post post pre pre pre pre"},
+                           cands=("pre", "post", "deepnorm", "peri", "outnorm", "lns", "none"), value=lambda g, i, steps, name: calls.append((g, i, steps)) or 2.0 + i / 100)
+    assert m.Shallow.today(stub, 0) == {"answer_genotype": "post pre post deepnorm peri peri", "fresh_answer": "2.3173 / 2.3562 / 2.3393"}
+    assert m.Shallow.today(stub, 2)["answer_genotype"] == "post lns none deepnorm peri none" and not calls
+    assert m.Shallow.today(stub, 1) == {"answer_genotype": "post post pre pre pre pre", "fresh_answer": "2.0600 / 2.0700 / 2.0800"}
+    assert calls == [("post post pre pre pre pre", i, 1000) for i in (6, 7, 8)]
+
+
 @pytest.mark.parametrize("text", ["pre pre pre deepnorm outnorm outnorm outnorm outnorm | qk qk-all qk-all qk-all",
                                   "post post post post post post post post"])
 def test_qk_norm_reads_a_race_s_answer_back_to_the_genotype_it_trains(text):

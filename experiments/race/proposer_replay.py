@@ -230,7 +230,10 @@ class Shallow:
         races = ROOT / "experiments" / "races.csv"
         r = next((r for r in read_rows(races) if (r["setting"], r["space"], int(r["search_seed"])) ==
                   ("shallow", "+".join(self.cands), seed) and r["outcome"] == "named-wins"), None)
-        return {"answer_genotype": r["answer_placements"], "fresh_answer": r["fresh_answer"] + " (seeds 3-5)"} if r else None
+        if r is None:
+            return None
+        answer = r["answer_placements"]  # at the fresh seeds the proposers' answers are read at (races.csv's are 3-5)
+        return {"answer_genotype": answer, "fresh_answer": " / ".join(f"{self.value(answer, i, self.full, 'fresh'):.4f}" for i in FRESH)}
 
 
 SETTINGS = {"own-model": OwnModel, "shallow": Shallow}
