@@ -60,6 +60,24 @@ def horizon_verdict(searched: str, named: tuple[str, str], at_1: dict[str, list[
     return verdict(finalists, values, full_steps, RaceRule(horizons=(1, multiplier)), unit)
 
 
+def race_horizon(value: Callable[[str, int, int], float], searched: str, named: tuple[str, str], full_steps: int,
+                 multiplier: int, unit: str):
+    """:func:`horizon_verdict` from a value function: ``value(entry, i, steps)`` gives the validation
+    loss (lower is better) of ``"searched"`` or ``named[0]`` at seed index ``i`` after ``steps``
+    steps (e.g. a row of a retrain table). The final at ``full_steps`` is run again seed by seed
+    (:func:`final_seeds`, rule r3's design), then both finalists at ``multiplier * full_steps``
+    for seeds ``0..final_seeds-1``, the searched one's first (:func:`autoln.race.rule.horizon_jobs`).
+
+    Raises:
+        whatever ``value`` raises; KeyError as :func:`horizon_verdict`."""
+    from autoln.race.rule import RaceRule
+
+    rule = RaceRule()
+    mine, theirs, _ = final_seeds(lambda i: value("searched", i, full_steps), lambda i: value(named[0], i, full_steps), rule.design)
+    at_k = {e: [value(e, i, multiplier * full_steps) for i in range(rule.final_seeds)] for e in ("searched", named[0])}
+    return horizon_verdict(searched, named, {"searched": mine, named[0]: theirs}, at_k, multiplier, full_steps, unit)
+
+
 def agreement(v, fresh_searched: Sequence[float], fresh_named: Sequence[float]) -> str:
     """``its horizon line (<lead>) agrees | does NOT agree with the fresh seeds (<lead>)``: the
     verdict ``v``'s lead at its longest horizon (:func:`horizon_verdict`) against the lead of the

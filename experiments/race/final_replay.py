@@ -153,7 +153,7 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     if row is None:
         return None
     from autoln.models.genotype import baseline
-    from experiments.common.lasts import agreement, horizon_verdict
+    from experiments.common.lasts import agreement, race_horizon
 
     setting, k, _, searched, named = FINALS[name]
     rt = Retrains(setting, k, args.data, args.table, Path(args.out), multiplier)
@@ -162,12 +162,13 @@ def lasts(name: str, multiplier: int, args) -> Optional[str]:
     a = [rt.value(spec, searched, i) for i in fresh]
     b = [rt.value(named, named_placements, i) for i in fresh]
     line = f"[lasts] {name} at {rt.cfg.retrain.steps} steps, fresh seeds {row['fresh_seeds']}: {lead_line(a, b, ('searched', named))}"
-    race_seeds = range(RaceRule().final_seeds)  # the seeds race.horizons trains the finalists at (rule.horizon_jobs)
-    at_k = {"searched": [rt.value(spec, searched, i) for i in race_seeds], named: [rt.value(named, named_placements, i) for i in race_seeds]}
-    budget = Retrains(setting, k, args.data, args.table, Path(args.out))  # the final's own values, at full precision (the
-    ours, theirs = budget.values(searched), budget.values(named_placements)  # row's are rounded: a 0.00002 gap reads 0.0000)
-    at_1 = {"searched": [ours[i] for i in range(int(row["seeds"]))], named: [theirs[i] for i in range(int(row["seeds"]))]}
-    said = horizon_verdict(searched, (named, named_placements), at_1, at_k, multiplier, rt.cfg.retrain.steps // multiplier, "bits/byte")
+    budget = Retrains(setting, k, args.data, args.table, Path(args.out))  # the final's rows, at full precision from the table
+
+    def value(entry, i, n):
+        placements = searched if entry == "searched" else named_placements
+        return (rt if n == rt.cfg.retrain.steps else budget).value(spec if entry == "searched" else named, placements, i)
+
+    said = race_horizon(value, searched, (named, named_placements), budget.cfg.retrain.steps, multiplier, "bits/byte")
     return f"{line}\n[lasts] {name}: the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n" \
            f"[lasts] {name}: {agreement(said, a, b)}"
 

@@ -200,7 +200,7 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     multiplier]`` on the final's seeds and seeds 0-2 at the longer budget
     (``experiments/common/lasts.py``). Returns those lines, or None (no such race)."""
     from autoln.race.verdict import lead_line
-    from experiments.common.lasts import agreement, final_seeds, horizon_verdict
+    from experiments.common.lasts import agreement, race_horizon
     from experiments.truth.own_model_truth import site_genotype
 
     with open(RACES, newline="", encoding="utf-8") as f:
@@ -215,13 +215,13 @@ def lasts(k: str, seed: int, multiplier: int, data, vocab: int) -> Optional[str]
     a = [tr.value(answer, s, steps, f"lasts{k}:answer") for s in FRESH]
     b = [tr.value(named, s, steps, f"lasts{k}:best_named") for s in FRESH]
     line = f"[lasts] {k} candidates, search seed {seed}, at {steps} steps, fresh seeds {FRESH}: {lead_line(a, b, ('answer', row['best_named']))}"
-    rule, best = RaceRule(), row["best_named"]
-    mine, theirs, _ = final_seeds(lambda i: tr.value(answer, i, Recipe().steps, f"race{k}"),  # the final again (rows of the table)
-                                  lambda i: tr.value(named, i, Recipe().steps, f"race{k}"), rule.design)
-    at_1 = {"searched": mine, best: theirs}
-    at_k = {"searched": [tr.value(answer, i, steps, f"lasts{k}:answer") for i in range(rule.final_seeds)],
-            best: [tr.value(named, i, steps, f"lasts{k}:best_named") for i in range(rule.final_seeds)]}
-    said = horizon_verdict(answer.describe(), (best, named.describe()), at_1, at_k, multiplier, Recipe().steps, "nats/char")
+    best, full = row["best_named"], Recipe().steps
+
+    def value(entry, i, n):  # the final's rows at the budget, the horizon's at ``steps``
+        g, who = (answer, "answer") if entry == "searched" else (named, "best_named")
+        return tr.value(g, i, n, f"race{k}" if n == full else f"lasts{k}:{who}")
+
+    said = race_horizon(value, answer.describe(), (best, named.describe()), full, multiplier, "nats/char")
     return f"{line}\n[lasts] the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n[lasts] {agreement(said, a, b)}"
 
 

@@ -47,7 +47,7 @@ from nanogpt_recipe import Recipe, load_data  # noqa: E402
 import autoln  # noqa: E402
 from autoln.api.racing import named_site_genotypes  # noqa: E402
 from autoln.core.io import append_csv_row  # noqa: E402
-from autoln.race.rule import REVISION, RaceRule  # noqa: E402
+from autoln.race.rule import REVISION  # noqa: E402
 from autoln.api.sites import model_qk_norms  # noqa: E402
 from experiments.race.own_model_race import FRESH, SETS, Trainer, as_genotype, rung_recipe, search_answer  # noqa: E402
 from experiments.truth.own_model_truth import TABLE, ensure_qk_column, site_genotype  # noqa: E402
@@ -128,7 +128,7 @@ def fresh(row: dict, data, vocab: int, multiplier: int = 1) -> str:
     again seed by seed) and seeds 0-2 at the longer budget, and whether its horizon line agrees
     with the fresh seeds (``experiments/common/lasts.py``). Returns those lines."""
     from autoln.race.verdict import lead_line
-    from experiments.common.lasts import agreement, final_seeds, horizon_verdict
+    from experiments.common.lasts import agreement, race_horizon
 
     lr, steps = float(row["lr"]), Recipe().steps * multiplier
     tr = Trainer(CANDS, data, vocab, QK, lr)
@@ -142,12 +142,12 @@ def fresh(row: dict, data, vocab: int, multiplier: int = 1) -> str:
     if multiplier == 1:
         return line
     full = Recipe().steps
-    mine, theirs, _ = final_seeds(lambda i: tr.value(answer, i, full, f"qk-race:lr={lr:g}"),  # the final again (rows of the table)
-                                  lambda i: tr.value(named, i, full, f"qk-race:lr={lr:g}"), RaceRule().design)
-    at_k = {"searched": [tr.value(answer, i, steps, f"{tag}:lr={lr:g}:answer") for i in range(RaceRule().final_seeds)],
-            named_name: [tr.value(named, i, steps, f"{tag}:lr={lr:g}:{named_name}") for i in range(RaceRule().final_seeds)]}
-    said = horizon_verdict(answer.describe(), (named_name, named.describe()), {"searched": mine, named_name: theirs}, at_k,
-                           multiplier, full, "nats/char")
+
+    def value(entry, i, n):  # the final's rows at the budget, the horizon's at ``steps``
+        g, who = (answer, "answer") if entry == "searched" else (named, named_name)
+        return tr.value(g, i, n, f"qk-race:lr={lr:g}" if n == full else f"{tag}:lr={lr:g}:{who}")
+
+    said = race_horizon(value, answer.describe(), (named_name, named.describe()), full, multiplier, "nats/char")
     return f"{line}\n[{tag}] lr {lr:g}: the race's verdict with race.horizons=[1, {multiplier}]: {said.line}\n" \
            f"[{tag}] lr {lr:g}: {agreement(said, a, b)}"
 
