@@ -3,6 +3,7 @@ its ``main(["--help"])`` prints its usage and exits 0 (a script left behind by a
 package fails here, not in the middle of a session's experiment)."""
 
 import contextlib
+import csv
 import io
 from pathlib import Path
 
@@ -221,3 +222,71 @@ def test_qk_norm_s_fresh_check_retrains_the_answer_and_the_finalist_it_beat(monk
         assert len(calls) == 6
     assert calls[0][0] == row["answer_genotype"] and calls[3][0] == "pre pre pre pre pre pre pre pre | qk qk qk qk"
     assert calls[3][3] == f"{tag}:lr=0.003:qwen3" and line.startswith(f"[{tag}] lr 0.003, search seed 0, {steps} steps")
+
+
+def _share_rows(proposer, shares, own, fixed, sd=0.01):
+    """Share rows for ``proposer``: ``shares`` and ``own``/``fixed`` fresh means by setting, one per
+    search seed, each answer's three fresh values ``mean - sd, mean, mean + sd`` (standard deviation ``sd``)."""
+    rows = []
+    for setting, seeds in (("nanoGPT-7", range(5)), ("shallow-7", range(3))):
+        for s in seeds:
+            if s >= len(shares[setting]):
+                continue
+            rows.append({"setting": setting, "proposer": proposer, "search_seed": str(s), "answer_genotype": "x",
+                         "share": str(shares[setting][s]), "runs": "500", "worth": "2.0",
+                         "fresh": " ".join(str(own[setting][s] + k * sd) for k in (-1, 0, 1)), "fixed_genotype": "y",
+                         "fixed_fresh": " ".join(str(fixed[setting][s] + k * sd) for k in (-1, 0, 1))})
+    return rows
+
+
+def test_the_adoption_rule_on_rigged_shares(tmp_path):
+    """The rule of docs/results.md on rigged rows: 70 % pooled in both settings, not behind the fixed
+    shortlist on the mean nor at any search seed by more than the larger standard deviation, the
+    highest mean share wins, an unfinished proposer holds the decision unless a finished setting
+    already rules it out."""
+    m = experiment_script("race/proposer_rule")
+    level = {"nanoGPT-7": [2.0] * 5, "shallow-7": [2.0] * 3}
+    ahead = {"nanoGPT-7": [1.99] * 5, "shallow-7": [1.99] * 3}
+    rows = (_share_rows("good", {"nanoGPT-7": [0.7] * 5, "shallow-7": [1.0, 0.55, 0.55]}, level, level)  # 70 % exactly
+            + _share_rows("best", {"nanoGPT-7": [0.8] * 5, "shallow-7": [0.8] * 3}, ahead, level)
+            + _share_rows("lowsh", {"nanoGPT-7": [1.0] * 5, "shallow-7": [0.6, 0.7, 0.79]}, ahead, level)  # 69.7 %
+            + _share_rows("behind", {"nanoGPT-7": [1.0] * 5, "shallow-7": [1.0] * 3},
+                          {"nanoGPT-7": [1.9] * 5, "shallow-7": [1.9, 2.02, 1.9]}, level)  # ahead on the mean, behind at seed 1
+            + _share_rows("ruled", {"nanoGPT-7": [0.5] * 5, "shallow-7": [1.0]}, level, level))  # shallow-7 unfinished
+    default, st = m.adopt(rows)
+    by = {s.proposer: s for s in st}
+    assert default == "best" and by["good"].qualifies and by["best"].qualifies
+    assert by["lowsh"].reasons == ["shallow-7: beats random search in 69.7 % of the pairs, below 70 %"]
+    assert by["behind"].reasons == ["shallow-7: at search seed 1 behind the fixed shortlist's answer by 0.0200, more than "
+                                    "the larger standard deviation 0.0100"]
+    assert by["ruled"].decided and not by["ruled"].qualifies and by["ruled"].missing == {"shallow-7": [1, 2]}
+    assert m.adopt(rows + _share_rows("open", {"nanoGPT-7": [0.9] * 5, "shallow-7": [0.9]}, level, level))[0] is None
+    lagging = _share_rows("lag", {"nanoGPT-7": [0.9] * 5, "shallow-7": [0.9] * 3}, level, ahead)
+    assert m.adopt(lagging)[0] == "none" and m.adopt(lagging)[1][0].reasons[0] == \
+        "nanoGPT-7: behind the fixed shortlist on the mean at fresh seeds (2.0000 against 1.9900)"
+    path = tmp_path / "shares.csv"
+    m_replay = experiment_script("race/proposer_replay")
+    m_replay.save_shares(path, rows[:2])
+    m_replay.save_shares(path, [dict(rows[0], share="0.25")] + rows[2:4])
+    back = m.read_shares(path)
+    assert len(back) == 4 and back[0]["share"] == "0.25" and [r["search_seed"] for r in back] == ["0", "1", "2", "3"]
+    assert "the default becomes race.proposer=best" in m.report(*m.adopt(rows))
+    path.write_text("setting,proposer\nx,y\n")
+    with pytest.raises(SystemExit, match="lacks the columns"):
+        m.read_shares(path)
+
+
+def test_the_adoption_rule_on_the_measured_nanogpt_shares():
+    """The rule on ``proposer_shares.csv``'s nanoGPT-7 rows (written by ``proposer_replay.py own-model
+    --report`` from the tables): the shares docs/results.md reports, 70 % for ``local``, ``tpe`` and
+    ``prior`` (met), 60 % for ``ridge`` and ``gp`` (ruled out whatever ``shallow``-7 gives), and no
+    answer behind the fixed shortlist's at the fresh seeds."""
+    m = experiment_script("race/proposer_rule")
+    rows = [r for r in m.read_shares(m.SHARES) if r["setting"] == "nanoGPT-7"]
+    st = {s.proposer: s for s in m.adopt(rows)[1]}
+    assert {p: round(100 * s.shares["nanoGPT-7"], 6) for p, s in st.items()} == {"local": 70, "ridge": 60, "tpe": 70, "gp": 60, "prior": 70}
+    assert all(st[p].reasons == [] and not st[p].decided for p in ("local", "tpe", "prior"))
+    assert all(st[p].reasons == ["nanoGPT-7: beats random search in 60.0 % of the pairs, below 70 %"] and st[p].decided for p in ("ridge", "gp"))
+    races = {(r["proposer"], r["search_seed"]): r["answer_genotype"] for r in csv.DictReader(open(ROOT / "experiments" / "proposer_races.csv"))
+             if r["setting"] == "nanoGPT-7"}
+    assert {(r["proposer"], r["search_seed"]): r["answer_genotype"] for r in rows} == races

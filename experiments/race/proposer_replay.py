@@ -296,16 +296,52 @@ def random_runs(s, args) -> tuple[list[float], int, list[int]]:
     return worths, left, steps
 
 
-def report(s, rows: list[dict], worths: list[float], left: int, steps: list[int]) -> str:
+def share_row(s, r: dict, worths: list[float]) -> dict:
+    """A proposer race's row of ``proposer_shares.csv`` (``proposer_rule.FIELDS``), every value at
+    the table's full precision (``proposer_races.csv`` rounds): its share against ``worths``, its
+    answer's worth and values at the fresh seeds, and the fixed shortlist's answer's at the same
+    search seed (``today``; empty where there is none)."""
+    seed, answer = int(r["search_seed"]), r["answer_genotype"]
+    fixed = (s.today(seed) or {}).get("answer_genotype", "")
+    w = worth(s, answer)
+
+    def fresh(g: str) -> str:
+        return " ".join(repr(s.value(g, i, s.full, "fresh")) for i in FRESH) if g else ""
+
+    return {"setting": s.name, "proposer": r["proposer"], "search_seed": seed, "answer_genotype": answer,
+            "share": repr(share(w, worths)) if worths else "", "runs": len(worths), "worth": repr(w), "fresh": fresh(answer),
+            "fixed_genotype": fixed, "fixed_fresh": fresh(fixed)}
+
+
+def save_shares(path: Path, new: list[dict]) -> None:
+    """Merge ``new`` share rows into ``path`` (one per setting, proposer, search seed), atomically."""
+    import io
+
+    from autoln.core.io import write_text_atomic
+    from experiments.race.proposer_rule import FIELDS as SHARE_FIELDS
+
+    key = lambda r: (r["setting"], r["proposer"], int(r["search_seed"]))  # noqa: E731
+    rows = {key(r): r for r in read_rows(path)} | {key(r): r for r in new}
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=SHARE_FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(sorted(rows.values(), key=key))
+    write_text_atomic(path, out.getvalue())
+
+
+def report(s, rows: list[dict], worths: list[float], left: int, steps: list[int]) -> tuple[str, list[dict]]:
+    """The figures of the proposers' races ``rows`` against the random runs' ``worths``: the
+    printed lines and the share rows (:func:`share_row`)."""
     sample0 = [s.value(g, 0, s.full, "sample", False) for g in s.sample]
     best = min(sample0)
+    shares = [share_row(s, r, worths) for r in rows]
     lines = [f"{s.name}: random search through the same race, {len(worths)} simulated runs ({left} left out for rows the table "
              f"lacks), retrain steps median {statistics.median(steps) if steps else 0:.0f}; its answers' worth mean "
              f"{statistics.mean(worths) if worths else float('nan'):.4f}"]
     by: dict[str, list[float]] = {}
-    for r in rows:
-        w = float(r["worth"])
-        sh = share(w, worths) if worths else float("nan")
+    for r, sr in zip(rows, shares):
+        w = float(sr["worth"])
+        sh = float(sr["share"]) if worths else float("nan")
         by.setdefault(r["proposer"], []).append(sh)
         pct = 100 * sum(x < float(s.value(r["answer_genotype"], 0, s.full, "sample", True)) for x in sample0) / len(sample0)
         today = s.today(int(r["search_seed"]))
@@ -316,7 +352,7 @@ def report(s, rows: list[dict], worths: list[float], left: int, steps: list[int]
     for p, v in by.items():
         lines.append(f"  {p}: beats random search in {100 * statistics.mean(v):.1f} % of (search seed, run) pairs "
                      f"(by seed: {', '.join(f'{100 * x:.0f}' for x in v)})")
-    return "\n".join(lines)
+    return "\n".join(lines), shares
 
 
 def main(argv=None) -> int:
@@ -347,7 +383,13 @@ def main(argv=None) -> int:
             else:
                 rows.append(proposer_race(s, proposer, seed, args))
     worths, left, steps = random_runs(s, args)
-    print(report(s, rows, worths, left, steps), flush=True)
+    text, shares = report(s, rows, worths, left, steps)
+    print(text, flush=True)
+    if worths and not left:  # the rule's figures only from a complete yardstick
+        from experiments.race.proposer_rule import SHARES
+
+        save_shares(SHARES, shares)
+        print(f"[propose] {len(shares)} rows -> {SHARES.name}; `python experiments/race/proposer_rule.py` applies the rule", flush=True)
     return 0
 
 
