@@ -476,3 +476,51 @@ def test_compare_s_default_baselines_add_the_open_models_for_a_genotype_with_qk_
     qk = baseline("olmo2", _cfg(), VOCAB).save(tmp_path / "qk.json")
     plain = baseline("all-pre", _cfg(), VOCAB).save(tmp_path / "plain.json")
     assert _any_qk([str(plain), str(qk)]) and not _any_qk([str(plain), "all-pre", str(tmp_path / "missing.json")])
+
+
+@pytest.mark.parametrize("proposer", ["local", "tpe"])
+def test_the_api_race_s_proposals_take_the_searched_qk_norm(patched, proposer):  # noqa: F811
+    """With proposal rounds, a race on a QK-norm search proposes placements and gives each
+    proposal the searched genotype's QK-norm (as search.py's proposals take the read-off's), and
+    reads the pool's genotypes, ``| qk ...`` written after their placements, without error (a
+    proposer once took that part for placements and stopped the race)."""
+    import contextlib
+    import io
+
+    from autoln.race.rule import RaceRule
+
+    cfg = dict(**SIZE, bias=False, norm_candidates=("pre", "post"), qk_candidates=("none", "qk"))
+
+    def build():
+        with contextlib.redirect_stdout(io.StringIO()):
+            return patched.GPT(patched.GPTConfig(**cfg))
+
+    qk_names = [f"transformer.h.{i}.attn.qk_norm" for i in range(3)]
+    sites = {f"transformer.h.{i}.{s}_site": "pre" for i in range(3) for s in ("attn", "mlp")}
+    searched = autoln.SiteGenotype(["pre", "post"], sites, {n: [0.5, 0.5] for n in sites}, {}, {n: "qk" for n in qk_names},
+                                   ["none", "qk"], {n: [0.0, 1.0] for n in qk_names})
+
+    def evaluate(model):  # rigged: Post-LN at the first site, with QK-norm, is a unit better
+        qk = all(m.candidates == ["qk"] for m in model.modules() if isinstance(m, autoln.QKNorm))
+        first = next(m for m in model.modules() if isinstance(m, autoln.Site))
+        return (1.0 if qk and list(first.placements) == ["post"] else 2.0) + 0.01 * float(torch.rand(()))
+
+    race = autoln.race_genotypes(build, searched, train=lambda model, seed, steps: None, evaluate=evaluate, steps=9, own="pre",
+                                 progress=False, rule=RaceRule(proposer=proposer, budget=4, proposals=3))
+    proposed = [e for e in race.record["pool"] if e["origin"].startswith(f"proposed by {proposer}")]
+    assert proposed and all(e["placements"].endswith(" | qk qk qk") for e in proposed)
+    assert race.genotype.qk == searched.qk
+
+
+def test_a_proposer_s_space_reads_placements_before_the_qk_bar_and_writes_its_tail():
+    """``Space.encode`` reads a genotype's placements before `` | ``; ``decode`` writes ``tail``
+    after them, so every proposal of a QK-norm race carries the race's QK-norm choices."""
+    from autoln.race.propose import Space, make_proposer
+
+    space = Space(("pre", "post"), 3, None, 1, "qk none qk")
+    assert space.encode("post pre post | qk qk qk") == space.encode("post pre post") == (1, 0, 1)
+    assert space.decode((1, 0, 1)) == "post pre post | qk none qk" and Space(("pre", "post"), 3).decode((1, 0, 1)) == "post pre post"
+    seen = [("pre pre pre", 9, 2.0), ("post pre pre | qk qk qk", 9, 1.0), ("pre post pre | qk none qk", 9, 1.5)]
+    out = make_proposer("local", space, 0)(1, 3, seen, frozenset(p for p, _, _ in seen))
+    assert len(out) == 3 and all(g.endswith(" | qk none qk") for g in out)
+    assert all(sum(a != b for a, b in zip(g.split(" | ")[0].split(), "post pre pre".split())) == 1 for g in out)  # around the leader

@@ -176,7 +176,7 @@ def race_genotypes(build: Callable[[], nn.Module], searched: Union[SiteGenotype,
 
     shown.bar.time_left.start = shown.done
     shown.bar.update(shown.done)
-    plan, values = run_entering(entries, steps, rule, measure, values, proposer, genotypes, genotypes[own_name])
+    plan, values = run_entering(entries, steps, rule, measure, values, proposer, genotypes, proposal_like(genotypes[own_name], searched))
     shown.close()
     v = V.verdict(plan.finalists, values, steps, rule, unit, V.REMEDY_API)
     record = {"rule": rule.describe(), "full_steps": steps, "seed": seed, "aliases": aliases,
@@ -244,7 +244,7 @@ def run_entering(entries, steps: int, rule, measure, values: Optional[dict], pro
         plan = S.plan(entries, values, steps, rule, proposer)
         for e in plan.proposed:
             if e.name not in genotypes:
-                genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.split())), {},
+                genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.split(" | ")[0].split())), {},
                                                  {"race_entry": e.name, "origin": R.origin(e)}, dict(like.qk),
                                                  list(like.qk_candidates), dict(like.qk_probabilities))
         if plan.done:
@@ -256,7 +256,8 @@ def run_entering(entries, steps: int, rule, measure, values: Optional[dict], pro
 def race_proposer(rule, own: SiteGenotype, searched: Optional[SiteGenotype], seed: int):
     """The proposer of ``rule.proposer`` over the sites and candidates of ``own`` (every race
     genotype has the same), the prior ``searched``'s final probabilities when it has them for
-    every site (:mod:`autoln.race.propose`); None for ``none``."""
+    every site (:mod:`autoln.race.propose`), every proposal with the QK-norm of ``searched``
+    (else ``own``): :func:`proposal_like`; None for ``none``."""
     from autoln.race.propose import Space, make_proposer
 
     if rule.proposer == "none":
@@ -264,7 +265,17 @@ def race_proposer(rule, own: SiteGenotype, searched: Optional[SiteGenotype], see
     prior = None
     if searched is not None and set(searched.probabilities) >= set(own.sites):
         prior = [list(searched.probabilities[k]) for k in own.sites]
-    return make_proposer(rule.proposer, Space(tuple(own.candidates), len(own.sites), prior), seed)
+    like = proposal_like(own, searched)
+    tail = " ".join(like.qk.values()) if any(c != "none" for c in like.qk.values()) else ""  # as SiteGenotype.describe()
+    return make_proposer(rule.proposer, Space(tuple(own.candidates), len(own.sites), prior, 1, tail), seed)
+
+
+def proposal_like(own: SiteGenotype, searched: Any) -> SiteGenotype:
+    """The genotype whose sites, candidates and QK-norm choices every proposed genotype takes (its
+    placements its own): the search's answer where it is one :class:`SiteGenotype` over ``own``'s
+    sites (as ``search.py``'s proposals take the read-off's QK-norm), else ``own``, the model's
+    own placement."""
+    return searched if isinstance(searched, SiteGenotype) and list(searched.sites) == list(own.sites) else own
 
 
 def race_genotype_pool(build, searched, own, baselines, seed: int, rule) -> tuple[str, dict[str, SiteGenotype], dict[str, SiteGenotype], Any]:

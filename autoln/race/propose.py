@@ -43,8 +43,11 @@ class Space:
     """The searched space: ``candidates`` (names, e.g. ``("pre", "post", "deepnorm")``),
     ``sites`` (how many placements a genotype has), ``prior`` (the supernet's final per-site
     probabilities, shape ``[sites, len(candidates)]``, rows summing to 1; None without a
-    supernet) and ``group`` (sites per word of a placements string: 2 for per-sublayer
-    genotypes, written ``pre/post``).
+    supernet), ``group`` (sites per word of a placements string: 2 for per-sublayer
+    genotypes, written ``pre/post``) and ``tail`` (the QK-norm choices every proposed genotype
+    carries, as a genotype's ``describe()`` writes them after a bar, e.g. ``"qk qk none"``; empty
+    without QK-norm): a proposer varies the placements only, and reads any genotype's
+    placements before its bar.
 
     Raises:
         ValueError: no candidate, ``sites`` < 1 or not a multiple of ``group``, or a ``prior``
@@ -54,6 +57,7 @@ class Space:
     sites: int
     prior: Optional[np.ndarray] = None
     group: int = 1
+    tail: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "candidates", tuple(self.candidates))
@@ -68,19 +72,22 @@ class Space:
             object.__setattr__(self, "prior", p / p.sum(-1, keepdims=True))
 
     def encode(self, placements: str) -> tuple[int, ...]:
-        """``"post pre pre"`` -> ``(1, 0, 0)`` (indices into ``candidates``; ``pre/post`` gives two).
+        """``"post pre pre"`` -> ``(1, 0, 0)`` (indices into ``candidates``; ``pre/post`` gives two;
+        a QK-norm part after `` | `` is not read).
 
         Raises:
             ValueError: a placement that is not a candidate, or another number of sites."""
-        words = placements.replace("/", " ").split()
+        words = placements.split(" | ")[0].replace("/", " ").split()
         if len(words) != self.sites or any(w not in self.candidates for w in words):
             raise ValueError(f"proposer: {placements!r} is not {self.sites} placements among {list(self.candidates)}")
         return tuple(self.candidates.index(w) for w in words)
 
     def decode(self, choices: Sequence[int]) -> str:
-        """``(1, 0, 0)`` -> ``"post pre pre"`` (sites joined by ``/`` in groups of ``group``)."""
+        """``(1, 0, 0)`` -> ``"post pre pre"`` (sites joined by ``/`` in groups of ``group``; then
+        `` | `` and ``tail`` when there is one)."""
         names = [self.candidates[int(c)] for c in choices]
-        return " ".join("/".join(names[i:i + self.group]) for i in range(0, len(names), self.group))
+        text = " ".join("/".join(names[i:i + self.group]) for i in range(0, len(names), self.group))
+        return f"{text} | {self.tail}" if self.tail else text
 
 
 def rung_scores(seen: Seen) -> list[tuple[str, int, float]]:

@@ -364,8 +364,9 @@ def setup_race(cfg: Config, folder: Path) -> RaceSetup:
     if rule.proposer != "none":
         cands = list(supernet.candidates)
         probs = supernet.site_probabilities()
-        proposer = make_proposer(rule.proposer, Space(tuple(cands), probs.shape[0], probs, 1 if supernet.granularity == "layer" else 2),
-                                 cfg.retrain.seed)
+        tail = " ".join(supernet.qk_choices()) if supernet.has_qk() else ""  # every proposal carries the read-off's QK-norm
+        proposer = make_proposer(rule.proposer, Space(tuple(cands), probs.shape[0], probs, 1 if supernet.granularity == "layer" else 2,
+                                                      tail), cfg.retrain.seed)
     return RaceSetup(cfg, folder, entries, aliases, specs, cfg.retrain.steps, rule, HEADLINE[cfg.data.tokenizer],
                      study_name(supernet), supernet, proposer)
 
