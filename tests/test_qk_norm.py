@@ -382,7 +382,10 @@ def test_search_py_with_qk_norm_searched_writes_the_read_off_s_choice_and_its_re
         assert choice == "none" or block.attn.qk_norm.candidates == [choice]
 
 
-def test_the_api_race_s_answer_keeps_its_qk_norm_choice_and_derives(patched, tmp_path):  # noqa: F811
+def qk_race_model(patched, placement: str, site_probabilities: list[float]):
+    """``(build, searched)``: a 3-block nanoGPT over ``pre``/``post`` with QK-norm ``none``/``qk``
+    searched, and a searched genotype with ``placement`` at every site (each with
+    ``site_probabilities``) and QK-norm ``qk`` in every block."""
     import contextlib
     import io
 
@@ -393,9 +396,13 @@ def test_the_api_race_s_answer_keeps_its_qk_norm_choice_and_derives(patched, tmp
             return patched.GPT(patched.GPTConfig(**cfg))
 
     qk_names = [f"transformer.h.{i}.attn.qk_norm" for i in range(3)]
-    sites = {f"transformer.h.{i}.{s}_site": "post" for i in range(3) for s in ("attn", "mlp")}
-    searched = autoln.SiteGenotype(["pre", "post"], sites, {n: [0.0, 1.0] for n in sites}, {}, {n: "qk" for n in qk_names},
-                                   ["none", "qk"], {n: [0.0, 1.0] for n in qk_names})
+    sites = {f"transformer.h.{i}.{s}_site": placement for i in range(3) for s in ("attn", "mlp")}
+    return build, autoln.SiteGenotype(["pre", "post"], sites, {n: list(site_probabilities) for n in sites}, {},
+                                      {n: "qk" for n in qk_names}, ["none", "qk"], {n: [0.0, 1.0] for n in qk_names})
+
+
+def test_the_api_race_s_answer_keeps_its_qk_norm_choice_and_derives(patched, tmp_path):  # noqa: F811
+    build, searched = qk_race_model(patched, "post", [0.0, 1.0])
 
     def evaluate(model):  # rigged: Post-LN with QK-norm everywhere is a whole unit better (qwen3, Pre-LN's, is not), plus seed noise
         qk = all(m.candidates == ["qk"] for m in model.modules() if isinstance(m, autoln.QKNorm))
@@ -484,21 +491,9 @@ def test_the_api_race_s_proposals_take_the_searched_qk_norm(patched, proposer): 
     proposal the searched genotype's QK-norm (as search.py's proposals take the read-off's), and
     reads the pool's genotypes, ``| qk ...`` written after their placements, without error (a
     proposer once took that part for placements and stopped the race)."""
-    import contextlib
-    import io
-
     from autoln.race.rule import RaceRule
 
-    cfg = dict(**SIZE, bias=False, norm_candidates=("pre", "post"), qk_candidates=("none", "qk"))
-
-    def build():
-        with contextlib.redirect_stdout(io.StringIO()):
-            return patched.GPT(patched.GPTConfig(**cfg))
-
-    qk_names = [f"transformer.h.{i}.attn.qk_norm" for i in range(3)]
-    sites = {f"transformer.h.{i}.{s}_site": "pre" for i in range(3) for s in ("attn", "mlp")}
-    searched = autoln.SiteGenotype(["pre", "post"], sites, {n: [0.5, 0.5] for n in sites}, {}, {n: "qk" for n in qk_names},
-                                   ["none", "qk"], {n: [0.0, 1.0] for n in qk_names})
+    build, searched = qk_race_model(patched, "pre", [0.5, 0.5])
 
     def evaluate(model):  # rigged: Post-LN at the first site, with QK-norm, is a unit better
         qk = all(m.candidates == ["qk"] for m in model.modules() if isinstance(m, autoln.QKNorm))
