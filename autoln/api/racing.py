@@ -244,7 +244,7 @@ def run_entering(entries, steps: int, rule, measure, values: Optional[dict], pro
         plan = S.plan(entries, values, steps, rule, proposer)
         for e in plan.proposed:
             if e.name not in genotypes:
-                genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.split(" | ")[0].split())), {},
+                genotypes[e.name] = SiteGenotype(like.candidates, dict(zip(like.sites, e.placements.partition(" | ")[0].split())), {},
                                                  {"race_entry": e.name, "origin": R.origin(e)}, dict(like.qk),
                                                  list(like.qk_candidates), dict(like.qk_probabilities))
         if plan.done:
@@ -265,8 +265,7 @@ def race_proposer(rule, own: SiteGenotype, searched: Optional[SiteGenotype], see
     prior = None
     if searched is not None and set(searched.probabilities) >= set(own.sites):
         prior = [list(searched.probabilities[k]) for k in own.sites]
-    like = proposal_like(own, searched)
-    tail = " ".join(like.qk.values()) if any(c != "none" for c in like.qk.values()) else ""  # as SiteGenotype.describe()
+    tail = proposal_like(own, searched).describe().partition(" | ")[2]  # its QK-norm part, empty without QK-norm
     return make_proposer(rule.proposer, Space(tuple(own.candidates), len(own.sites), prior, 1, tail), seed)
 
 

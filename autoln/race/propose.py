@@ -77,7 +77,7 @@ class Space:
 
         Raises:
             ValueError: a placement that is not a candidate, or another number of sites."""
-        words = placements.split(" | ")[0].replace("/", " ").split()
+        words = placements.partition(" | ")[0].replace("/", " ").split()
         if len(words) != self.sites or any(w not in self.candidates for w in words):
             raise ValueError(f"proposer: {placements!r} is not {self.sites} placements among {list(self.candidates)}")
         return tuple(self.candidates.index(w) for w in words)

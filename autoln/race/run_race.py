@@ -364,7 +364,7 @@ def setup_race(cfg: Config, folder: Path) -> RaceSetup:
     if rule.proposer != "none":
         cands = list(supernet.candidates)
         probs = supernet.site_probabilities()
-        tail = " ".join(supernet.qk_choices()) if supernet.has_qk() else ""  # every proposal carries the read-off's QK-norm
+        tail = supernet.describe().partition(" | ")[2]  # every proposal carries the read-off's QK-norm (empty without)
         proposer = make_proposer(rule.proposer, Space(tuple(cands), probs.shape[0], probs, 1 if supernet.granularity == "layer" else 2,
                                                       tail), cfg.retrain.seed)
     return RaceSetup(cfg, folder, entries, aliases, specs, cfg.retrain.steps, rule, HEADLINE[cfg.data.tokenizer],

@@ -320,7 +320,9 @@ def save_shares(path: Path, new: list[dict]) -> None:
     from autoln.core.io import write_text_atomic
     from experiments.race.proposer_rule import FIELDS as SHARE_FIELDS
 
-    key = lambda r: (r["setting"], r["proposer"], int(r["search_seed"]))  # noqa: E731
+    def key(r: dict) -> tuple:
+        return r["setting"], r["proposer"], int(r["search_seed"])
+
     rows = {key(r): r for r in read_rows(path)} | {key(r): r for r in new}
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=SHARE_FIELDS, lineterminator="\n")

@@ -120,6 +120,9 @@ def read_shares(path: Path) -> list[dict]:
 
 
 def report(default: str | None, standings: list[Standing]) -> str:
+    """The rule's answer as printed: a ``[rule]`` line naming the default (``default`` as
+    :func:`adopt` returns it), then one line per proposer with its pooled shares (percent) and
+    why it qualifies, fails or is undecided."""
     lines = []
     for s in standings:
         shares = ", ".join(f"{k} {100 * v:.1f} %" for k, v in s.shares.items())
